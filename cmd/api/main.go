@@ -1,0 +1,190 @@
+// Command api is the payments service and its operator tools, in one binary:
+//
+//	api [serve]                                  run the HTTP API (the default)
+//	api migrate up                               apply pending migrations
+//	api keys create --principal NAME --scopes S  create an API key; prints one JSON line
+//	api keys revoke ID                           revoke an API key
+//
+// Settings come from environment variables; see internal/config and README.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/config"
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
+	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "api:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage:
+  api [serve]
+  api migrate up
+  api keys create --principal NAME --scopes payments:read,payments:write
+  api keys revoke ID`
+
+// run dispatches to a subcommand. It returns instead of exiting so that
+// deferred cleanups run and tests can call it.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+
+	cmd := "serve"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, cfg, log)
+	case "migrate":
+		if len(args) != 1 || args[0] != "up" {
+			return errors.New(usage)
+		}
+		if err := migrateUp(ctx, cfg); err != nil {
+			return err
+		}
+		log.Info("migrations applied")
+		return nil
+	case "keys":
+		return keys(ctx, cfg, args, stdout)
+	case "-h", "--help", "help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+}
+
+func migrateUp(ctx context.Context, cfg config.Config) error {
+	if err := database.EnsureDatabase(ctx, cfg.MigrateDatabaseURL); err != nil {
+		return err
+	}
+	return database.Migrate(ctx, cfg.MigrateDatabaseURL)
+}
+
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	log.Info("starting", cfg.LogAttrs()...)
+	if cfg.MigrateOnStart {
+		if err := migrateUp(ctx, cfg); err != nil {
+			return err
+		}
+		log.Info("migrations applied")
+	}
+	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	handler := httpapi.New(httpapi.Deps{
+		Logger:         log,
+		Pool:           pool,
+		Idempotency:    idempotency.NewExecutor(pool, idempotency.Config{Retention: cfg.Retention(), LockTimeout: cfg.LockTimeout}),
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		RequestTimeout: cfg.RequestTimeout,
+	})
+	srv := &http.Server{
+		Addr:              cfg.Addr,
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      cfg.RequestTimeout + 5*time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Info("listening", "addr", cfg.Addr)
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("listen: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "timeout", cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+// keys runs the key subcommands as the owner role: the service role cannot
+// write API keys.
+func keys(ctx context.Context, cfg config.Config, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	conn, err := pgx.Connect(ctx, cfg.MigrateDatabaseURL)
+	if err != nil {
+		return fmt.Errorf("connect as owner: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	switch args[0] {
+	case "create":
+		fs := flag.NewFlagSet("keys create", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		name := fs.String("principal", "", "principal (tenant) name")
+		scopes := fs.String("scopes", "", "comma-separated scopes")
+		if err := fs.Parse(args[1:]); err != nil || fs.NArg() != 0 {
+			return errors.New(usage)
+		}
+		var key auth.NewKey
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+			key, err = auth.CreateKey(ctx, tx, *name, strings.Split(*scopes, ","))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(stdout).Encode(key)
+	case "revoke":
+		if len(args) != 2 {
+			return errors.New(usage)
+		}
+		id, err := uuid.Parse(args[1])
+		if err != nil {
+			return fmt.Errorf("key id %q is not a uuid", args[1])
+		}
+		if err := auth.RevokeKey(ctx, conn, id); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "{\"id\":%q,\"revoked\":true}\n", id)
+		return nil
+	default:
+		return errors.New(usage)
+	}
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+func TestKeysCreateAndRevoke(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	getenv := env(map[string]string{"DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL})
+	ctx := context.Background()
+
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write,payments:read"}, getenv, &out))
+	require.Equal(t, 1, strings.Count(out.String(), "\n"), "one line of JSON")
+	var key struct {
+		ID          string   `json:"id"`
+		PrincipalID string   `json:"principal_id"`
+		Principal   string   `json:"principal"`
+		Scopes      []string `json:"scopes"`
+		Secret      string   `json:"secret"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
+	require.Equal(t, "acme", key.Principal)
+	require.Equal(t, []string{"payments:read", "payments:write"}, key.Scopes)
+	require.True(t, strings.HasPrefix(key.Secret, "sk_"))
+	require.NotEmpty(t, key.ID)
+
+	// A second key for the same name belongs to the same principal.
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "refunds:read"}, getenv, &out))
+	require.Contains(t, out.String(), key.PrincipalID)
+
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"keys", "revoke", key.ID}, getenv, &out))
+	require.Contains(t, out.String(), `"revoked":true`)
+
+	require.Error(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:everything"}, getenv, &out))
+	require.Error(t, run(ctx, []string{"keys", "revoke", "01a237a6-1ce6-7a98-be43-37d8ff4b5115"}, getenv, &out))
+}
+
+func TestInvalidConfigStopsTheProgram(t *testing.T) {
+	t.Parallel()
+	err := run(context.Background(), []string{"serve"}, env(map[string]string{"LOCK_TIMEOUT": "soon", "DB_MAX_CONNS": "0"}), &bytes.Buffer{})
+	require.ErrorContains(t, err, "LOCK_TIMEOUT")
+	require.ErrorContains(t, err, "DB_MAX_CONNS")
+}
+
+// serve migrates, listens, answers, and stops cleanly when its context ends
+// (as on SIGTERM).
+func TestServeMigratesAndShutsDown(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, nil, env(map[string]string{"ADDR": addr, "DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL}), &bytes.Buffer{})
+	}()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(25 * time.Second):
+		t.Fatal("serve did not stop after its context ended")
+	}
+}

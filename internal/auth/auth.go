@@ -1,0 +1,153 @@
+// Package auth authenticates API keys and says what their principal may do.
+//
+// A principal is a tenant. API keys belong to one principal and carry scopes.
+// Only the sha256 of a key's secret is stored; the secret is shown once, when
+// the key is created.
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// Scopes a key can hold.
+const (
+	ScopePaymentsRead  = "payments:read"
+	ScopePaymentsWrite = "payments:write"
+	ScopeRefundsRead   = "refunds:read"
+	ScopeRefundsWrite  = "refunds:write"
+)
+
+// KnownScopes lists every scope, in the order they are documented.
+var KnownScopes = []string{ScopePaymentsRead, ScopePaymentsWrite, ScopeRefundsRead, ScopeRefundsWrite}
+
+// secretPrefix makes leaked secrets recognisable to secret scanners.
+const secretPrefix = "sk_"
+
+var (
+	// ErrUnauthenticated means the secret is missing, unknown, malformed or
+	// revoked. The cases are deliberately indistinguishable to the caller.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrForbidden means the key is valid but lacks the scope.
+	ErrForbidden = errors.New("forbidden")
+	// ErrKeyNotFound means no API key has the given id.
+	ErrKeyNotFound = errors.New("api key not found")
+	// ErrInvalidInput means a principal name or scope list is not acceptable.
+	ErrInvalidInput = errors.New("invalid input")
+)
+
+// Principal is an authenticated caller: the tenant and the key it used.
+type Principal struct {
+	ID     uuid.UUID
+	KeyID  uuid.UUID
+	Scopes []string
+}
+
+// Can reports whether the principal's key holds scope.
+func (p Principal) Can(scope string) bool { return slices.Contains(p.Scopes, scope) }
+
+// Authenticate finds the live key whose secret is given. It runs on every
+// request, replays included, so a revoked key stops working at once.
+func Authenticate(ctx context.Context, db database.DBTX, secret string) (Principal, error) {
+	if !strings.HasPrefix(secret, secretPrefix) || len(secret) > 128 {
+		return Principal{}, ErrUnauthenticated
+	}
+	hash := sha256.Sum256([]byte(secret))
+	var p Principal
+	err := db.QueryRow(ctx,
+		`SELECT id, principal_id, scopes FROM api_keys WHERE secret_hash = $1 AND revoked_at IS NULL`,
+		hash[:]).Scan(&p.KeyID, &p.ID, &p.Scopes)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Principal{}, ErrUnauthenticated
+	}
+	if err != nil {
+		return Principal{}, fmt.Errorf("authenticate: %w", database.Classify(err))
+	}
+	return p, nil
+}
+
+// NewKey is a freshly created API key. Secret is never stored or shown again.
+type NewKey struct {
+	ID            uuid.UUID `json:"id"`
+	PrincipalID   uuid.UUID `json:"principal_id"`
+	PrincipalName string    `json:"principal"`
+	Scopes        []string  `json:"scopes"`
+	Secret        string    `json:"secret"`
+	CreatedAt     time.Time `json:"created_at"`
+}
+
+// CreateKey creates a key for the principal called name, creating the
+// principal first if it does not exist. It runs as the owner role: the
+// service role cannot write keys.
+func CreateKey(ctx context.Context, tx pgx.Tx, name string, scopes []string) (NewKey, error) {
+	if name == "" || len(name) > 200 {
+		return NewKey{}, fmt.Errorf("%w: principal name must be 1-200 characters", ErrInvalidInput)
+	}
+	if len(scopes) == 0 {
+		return NewKey{}, fmt.Errorf("%w: at least one scope is required (%s)", ErrInvalidInput, strings.Join(KnownScopes, ", "))
+	}
+	for _, s := range scopes {
+		if !slices.Contains(KnownScopes, s) {
+			return NewKey{}, fmt.Errorf("%w: unknown scope %q (known: %s)", ErrInvalidInput, s, strings.Join(KnownScopes, ", "))
+		}
+	}
+	k := NewKey{ID: uuid.Must(uuid.NewV7()), PrincipalName: name, Scopes: slices.Compact(slices.Sorted(slices.Values(scopes)))}
+	// DO UPDATE (a no-op write) rather than DO NOTHING so RETURNING yields the
+	// existing principal's id too.
+	err := tx.QueryRow(ctx, `
+		INSERT INTO principals (id, name) VALUES ($1, $2)
+		ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name
+		RETURNING id`, uuid.Must(uuid.NewV7()), name).Scan(&k.PrincipalID)
+	if err != nil {
+		return NewKey{}, fmt.Errorf("upsert principal: %w", err)
+	}
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw) // crypto/rand.Read never fails
+	k.Secret = secretPrefix + base64.RawURLEncoding.EncodeToString(raw)
+	hash := sha256.Sum256([]byte(k.Secret))
+	err = tx.QueryRow(ctx, `
+		INSERT INTO api_keys (id, principal_id, secret_hash, scopes) VALUES ($1, $2, $3, $4)
+		RETURNING created_at`, k.ID, k.PrincipalID, hash[:], k.Scopes).Scan(&k.CreatedAt)
+	if err != nil {
+		return NewKey{}, fmt.Errorf("insert api key: %w", err)
+	}
+	return k, nil
+}
+
+// RevokeKey revokes the key with the given id. Revoking twice is not an error.
+func RevokeKey(ctx context.Context, db database.DBTX, id uuid.UUID) error {
+	tag, err := db.Exec(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+	if err != nil {
+		return fmt.Errorf("revoke api key: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrKeyNotFound
+	}
+	return nil
+}
+
+type contextKey struct{}
+
+// WithPrincipal returns a context carrying p.
+func WithPrincipal(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, contextKey{}, p)
+}
+
+// FromContext returns the authenticated principal, and false when the
+// request was not authenticated.
+func FromContext(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(contextKey{}).(Principal)
+	return p, ok
+}

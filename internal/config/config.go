@@ -1,0 +1,180 @@
+// Package config reads the service's settings from the environment. Every
+// setting has a default that works on a developer machine with PostgreSQL on
+// localhost; Load refuses values that make no sense instead of guessing.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// Config is every setting, with Defaults in one place.
+type Config struct {
+	// Addr is where the API listens (ADDR).
+	Addr string
+	// DatabaseURL connects as the service role, which row-level security
+	// applies to (DATABASE_URL).
+	DatabaseURL string
+	// MigrateDatabaseURL connects as the role that owns the tables; used for
+	// migrations and the keys subcommands, never to serve requests
+	// (MIGRATE_DATABASE_URL).
+	MigrateDatabaseURL string
+	// MigrateOnStart applies pending migrations when serve starts, creating
+	// the database first if it does not exist (MIGRATE_ON_START).
+	MigrateOnStart bool
+	// DBMaxConns is the service pool's size (DB_MAX_CONNS). Concurrent
+	// duplicates of one key each hold a connection while they wait.
+	DBMaxConns int32
+	// DBAcquireTimeout bounds the wait for a pooled connection; past it the
+	// request gets 503 (DB_ACQUIRE_TIMEOUT).
+	DBAcquireTimeout time.Duration
+	// LockTimeout bounds the wait for a concurrent request with the same
+	// idempotency key; past it the request gets 409 (LOCK_TIMEOUT).
+	LockTimeout time.Duration
+	// IdempotencyWindow is the published retry window (IDEMPOTENCY_WINDOW).
+	IdempotencyWindow time.Duration
+	// IdempotencyMargin is kept beyond the window before a key may be
+	// deleted, so clocks and slow retries never cut the promise short
+	// (IDEMPOTENCY_MARGIN).
+	IdempotencyMargin time.Duration
+	// MaxBodyBytes bounds request bodies; larger ones get 413 (MAX_BODY_BYTES).
+	MaxBodyBytes int64
+	// RequestTimeout bounds a whole request, database work included
+	// (REQUEST_TIMEOUT).
+	RequestTimeout time.Duration
+	// ShutdownTimeout bounds graceful shutdown after SIGTERM (SHUTDOWN_TIMEOUT).
+	ShutdownTimeout time.Duration
+	// LogLevel is debug, info, warn or error (LOG_LEVEL).
+	LogLevel slog.Level
+}
+
+// Defaults returns the configuration used when no variable is set.
+func Defaults() Config {
+	return Config{
+		Addr:               ":8080",
+		DatabaseURL:        "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateDatabaseURL: "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateOnStart:     true,
+		DBMaxConns:         32,
+		DBAcquireTimeout:   2 * time.Second,
+		LockTimeout:        5 * time.Second,
+		IdempotencyWindow:  24 * time.Hour,
+		IdempotencyMargin:  time.Hour,
+		MaxBodyBytes:       1 << 20,
+		RequestTimeout:     15 * time.Second,
+		ShutdownTimeout:    20 * time.Second,
+		LogLevel:           slog.LevelInfo,
+	}
+}
+
+// Load reads the environment through getenv (os.Getenv in production) on top
+// of Defaults and validates the result. The error names every bad variable.
+func Load(getenv func(string) string) (Config, error) {
+	c := Defaults()
+	var errs []error
+	str := func(name string, dst *string) {
+		if v := getenv(name); v != "" {
+			*dst = v
+		}
+	}
+	dur := func(name string, dst *time.Duration, min time.Duration) {
+		v := getenv(name)
+		if v == "" {
+			return
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < min {
+			errs = append(errs, fmt.Errorf("%s=%q: want a duration of at least %s, like 5s or 24h", name, v, min))
+			return
+		}
+		*dst = d
+	}
+	integer := func(name string, min, max int64, set func(int64)) {
+		v := getenv(name)
+		if v == "" {
+			return
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < min || n > max {
+			errs = append(errs, fmt.Errorf("%s=%q: want an integer from %d to %d", name, v, min, max))
+			return
+		}
+		set(n)
+	}
+	boolean := func(name string, dst *bool) {
+		v := getenv(name)
+		if v == "" {
+			return
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: want true or false", name, v))
+			return
+		}
+		*dst = b
+	}
+
+	str("ADDR", &c.Addr)
+	str("DATABASE_URL", &c.DatabaseURL)
+	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
+	boolean("MIGRATE_ON_START", &c.MigrateOnStart)
+	integer("DB_MAX_CONNS", 1, 1000, func(n int64) { c.DBMaxConns = int32(n) })
+	dur("DB_ACQUIRE_TIMEOUT", &c.DBAcquireTimeout, time.Millisecond)
+	dur("LOCK_TIMEOUT", &c.LockTimeout, time.Millisecond)
+	dur("IDEMPOTENCY_WINDOW", &c.IdempotencyWindow, time.Minute)
+	dur("IDEMPOTENCY_MARGIN", &c.IdempotencyMargin, 0)
+	integer("MAX_BODY_BYTES", 1024, 64<<20, func(n int64) { c.MaxBodyBytes = n })
+	dur("REQUEST_TIMEOUT", &c.RequestTimeout, time.Second)
+	dur("SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, time.Second)
+	if v := getenv("LOG_LEVEL"); v != "" {
+		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))
+		}
+	}
+	for name, u := range map[string]string{"DATABASE_URL": c.DatabaseURL, "MIGRATE_DATABASE_URL": c.MigrateDatabaseURL} {
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
+			errs = append(errs, fmt.Errorf("%s: want a postgres:// URL", name))
+		}
+	}
+	if c.LockTimeout >= c.RequestTimeout {
+		errs = append(errs, fmt.Errorf("LOCK_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", c.LockTimeout, c.RequestTimeout))
+	}
+	if len(errs) > 0 {
+		return Config{}, fmt.Errorf("invalid configuration: %w", errors.Join(errs...))
+	}
+	return c, nil
+}
+
+// Retention is how long a key row is kept: the window plus the margin.
+func (c Config) Retention() time.Duration { return c.IdempotencyWindow + c.IdempotencyMargin }
+
+// LogAttrs returns the settings as log attributes, with passwords masked.
+func (c Config) LogAttrs() []any {
+	return []any{
+		slog.String("addr", c.Addr),
+		slog.String("database_url", redact(c.DatabaseURL)),
+		slog.String("migrate_database_url", redact(c.MigrateDatabaseURL)),
+		slog.Bool("migrate_on_start", c.MigrateOnStart),
+		slog.Int("db_max_conns", int(c.DBMaxConns)),
+		slog.String("db_acquire_timeout", c.DBAcquireTimeout.String()),
+		slog.String("lock_timeout", c.LockTimeout.String()),
+		slog.String("idempotency_window", c.IdempotencyWindow.String()),
+		slog.String("idempotency_margin", c.IdempotencyMargin.String()),
+		slog.Int64("max_body_bytes", c.MaxBodyBytes),
+		slog.String("request_timeout", c.RequestTimeout.String()),
+	}
+}
+
+// redact masks the password of a URL; a URL that does not parse is hidden
+// whole, since it may hold a password where the parser did not expect one.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable)"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,64 @@
+package config_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/config"
+)
+
+func env(vars map[string]string) func(string) string {
+	return func(k string) string { return vars[k] }
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load(env(nil))
+	require.NoError(t, err)
+	require.Equal(t, config.Defaults(), c)
+	require.Equal(t, 24*time.Hour, c.IdempotencyWindow)
+	require.Equal(t, 25*time.Hour, c.Retention())
+}
+
+func TestOverrides(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load(env(map[string]string{
+		"IDEMPOTENCY_WINDOW": "48h", "IDEMPOTENCY_MARGIN": "30m", "DB_MAX_CONNS": "8", "MIGRATE_ON_START": "false",
+	}))
+	require.NoError(t, err)
+	require.Equal(t, 48*time.Hour+30*time.Minute, c.Retention())
+	require.EqualValues(t, 8, c.DBMaxConns)
+	require.False(t, c.MigrateOnStart)
+}
+
+func TestInvalidValuesAreNamed(t *testing.T) {
+	t.Parallel()
+	_, err := config.Load(env(map[string]string{
+		"IDEMPOTENCY_WINDOW": "a day",
+		"MAX_BODY_BYTES":     "-1",
+		"MIGRATE_ON_START":   "perhaps",
+		"DATABASE_URL":       "mysql://x",
+		"LOG_LEVEL":          "loud",
+	}))
+	for _, name := range []string{"IDEMPOTENCY_WINDOW", "MAX_BODY_BYTES", "MIGRATE_ON_START", "DATABASE_URL", "LOG_LEVEL"} {
+		require.ErrorContains(t, err, name)
+	}
+}
+
+func TestLogAttrsMaskPasswords(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load(env(map[string]string{"DATABASE_URL": "postgres://app:hunter2@db/payments"}))
+	require.NoError(t, err)
+	require.NotContains(t, fmtAttrs(c.LogAttrs()), "hunter2")
+}
+
+func fmtAttrs(attrs []any) string {
+	s := ""
+	for _, a := range attrs {
+		s += fmt.Sprint(a) + " "
+	}
+	return s
+}

@@ -1,0 +1,186 @@
+// Package database opens connection pools, applies migrations and runs
+// per-request transactions with the tenant set for row-level security.
+//
+// It is the one place where a request's transaction begins and ends, and the
+// one place where driver errors that mean "the database cannot serve you now"
+// become ErrUnavailable.
+package database
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrUnavailable means the database could not serve the request in time: no
+// pooled connection was free, the server could not be reached, or it is
+// shutting down. The request had no effect and can be retried.
+var ErrUnavailable = errors.New("database unavailable")
+
+// PoolConfig bounds a pool. Every field must be set.
+type PoolConfig struct {
+	// MaxConns is the pool size. Requests that wait for a concurrent duplicate
+	// hold a connection while they wait, so size it for waiting duplicates too.
+	MaxConns int32
+	// AcquireTimeout bounds how long a request waits for a free connection.
+	AcquireTimeout time.Duration
+}
+
+// Pool is a pgx pool whose every use waits a bounded time for a connection.
+// It does not expose pgxpool's Query methods, which wait for a connection as
+// long as the context allows.
+type Pool struct {
+	pool           *pgxpool.Pool
+	acquireTimeout time.Duration
+}
+
+// Open creates a pool. It does not connect: the first request does, so the
+// service starts (and answers /healthz) while the database is down.
+func Open(ctx context.Context, url string, cfg PoolConfig) (*Pool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	pc.MaxConns = cfg.MaxConns
+	// Without a connect timeout a request for an unreachable host would hang
+	// until its context ends; with one it fails fast and maps to 503.
+	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > cfg.AcquireTimeout {
+		pc.ConnConfig.ConnectTimeout = cfg.AcquireTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("create pool: %w", err)
+	}
+	return &Pool{pool: pool, acquireTimeout: cfg.AcquireTimeout}, nil
+}
+
+// Close closes every connection.
+func (p *Pool) Close() { p.pool.Close() }
+
+// Stat returns the pool's statistics.
+func (p *Pool) Stat() *pgxpool.Stat { return p.pool.Stat() }
+
+// Ping checks that a connection can be had and the server answers.
+func (p *Pool) Ping(ctx context.Context) error {
+	return p.WithConn(ctx, func(c DBTX) error {
+		_, err := c.Exec(ctx, ";")
+		return Classify(err)
+	})
+}
+
+// WithConn runs fn on a pooled connection outside any transaction, for a
+// single statement that needs no tenant (authentication).
+func (p *Pool) WithConn(ctx context.Context, fn func(DBTX) error) error {
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return fn(conn)
+}
+
+// Acquire takes a connection, waiting at most the pool's AcquireTimeout.
+func (p *Pool) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, p.acquireTimeout)
+	defer cancel()
+	conn, err := p.pool.Acquire(actx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("acquire connection: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("acquire connection: %w: %w", ErrUnavailable, err)
+	}
+	return conn, nil
+}
+
+// TxOptions configure a tenant transaction.
+type TxOptions struct {
+	// LockTimeout bounds every lock wait in the transaction, including the
+	// wait of a duplicate request on the unique index. Zero means no bound.
+	LockTimeout time.Duration
+}
+
+// InTenantTx runs fn in one READ COMMITTED transaction in which row-level
+// security sees only principal's rows. It commits when fn returns nil and
+// rolls back otherwise, also when fn panics or ctx is cancelled.
+//
+// BEGIN, the tenant and the lock timeout travel in one simple-protocol
+// round trip: pgx sends a BeginQuery without arguments as one Query message,
+// and PostgreSQL runs its statements in order. The principal is a uuid.UUID,
+// whose String form is hex and dashes only, so formatting it into SQL cannot
+// inject anything.
+func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOptions, fn func(pgx.Tx) error) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+
+	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT set_config('app.principal_id', '%s', true); SET LOCAL lock_timeout = %d",
+		principal.String(), opts.LockTimeout.Milliseconds())
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
+	if err != nil {
+		return fmt.Errorf("begin: %w", Classify(err))
+	}
+	defer func() {
+		// A cancelled request context must not stop the rollback, or the
+		// connection would go back to the pool inside an open transaction.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx) // no-op after a successful commit
+	}()
+
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", Classify(err))
+	}
+	return nil
+}
+
+// Classify wraps err with ErrUnavailable when it means the database cannot be
+// reached or is refusing work for now, so callers can answer 503 instead of
+// 500. Other errors are returned unchanged.
+func Classify(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+			"53300": // too_many_connections
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return err
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	if errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+// IsLockTimeout reports whether err is PostgreSQL's lock_not_available, the
+// error a statement gets when it waited longer than lock_timeout.
+func IsLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// DBTX is what store functions need to run SQL. It is satisfied by a pool, a
+// connection and a pgx.Tx, so a caller decides which transaction a write joins.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}

@@ -1,0 +1,76 @@
+package database
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+
+	"github.com/golang-migrate/migrate/v4"
+	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // registers pgx5://
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/payments-reference/idempotent-payments/migrations"
+)
+
+// Migrate applies every pending migration to the database at ownerURL. It
+// must run as the role that owns the tables (and may create roles), never as
+// the service role.
+func Migrate(ctx context.Context, ownerURL string) error {
+	src, err := iofs.New(migrations.FS, ".")
+	if err != nil {
+		return fmt.Errorf("open embedded migrations: %w", err)
+	}
+	// golang-migrate's pgx/v5 driver registers the pgx5:// scheme.
+	u, err := url.Parse(ownerURL)
+	if err != nil {
+		return fmt.Errorf("parse owner database url: %w", err)
+	}
+	u.Scheme = "pgx5"
+	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
+	if err != nil {
+		return fmt.Errorf("connect for migrations: %w", Classify(err))
+	}
+	defer m.Close()
+	stop := context.AfterFunc(ctx, func() { m.GracefulStop <- true })
+	defer stop()
+	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("apply migrations: %w", err)
+	}
+	return nil
+}
+
+// EnsureDatabase creates the database named in ownerURL when it does not
+// exist yet, connecting to the server's "postgres" database to do so. It lets
+// the README's run command work on a fresh machine without hand-made setup.
+func EnsureDatabase(ctx context.Context, ownerURL string) error {
+	cfg, err := pgx.ParseConfig(ownerURL)
+	if err != nil {
+		return fmt.Errorf("parse owner database url: %w", err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
+		return fmt.Errorf("connect as owner: %w", Classify(err))
+	}
+	name := cfg.Database
+	cfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect to create database %q: %w", name, Classify(err))
+	}
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database: another instance won the race
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create database %q: %w", name, err)
+	}
+	return nil
+}

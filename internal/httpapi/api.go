@@ -1,0 +1,75 @@
+// Package httpapi is the HTTP face of the service: routing, authentication,
+// request parsing, and the one mapping from errors to RFC 9457 problems.
+// Handlers are thin: they parse, validate, and hand the write to the
+// idempotency executor.
+package httpapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+)
+
+// Deps is everything the API needs.
+type Deps struct {
+	Logger *slog.Logger
+	// Pool connects as the service role.
+	Pool        *database.Pool
+	Idempotency *idempotency.Executor
+	// MaxBodyBytes bounds request bodies (413 above it).
+	MaxBodyBytes int64
+	// RequestTimeout bounds each request's work.
+	RequestTimeout time.Duration
+}
+
+type api struct {
+	log          *slog.Logger
+	pool         *database.Pool
+	idem         *idempotency.Executor
+	maxBodyBytes int64
+}
+
+// New returns the API's handler.
+func New(d Deps) http.Handler {
+	a := &api{log: d.Logger, pool: d.Pool, idem: d.Idempotency, maxBodyBytes: d.MaxBodyBytes}
+
+	r := chi.NewRouter()
+	r.Use(requestID, accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout))
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errNotFound) })
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errMethodNotAllowed) })
+
+	r.Get("/healthz", a.healthz)
+	r.Get("/readyz", a.readyz)
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(authenticate(a.pool, a.log))
+		r.Mount("/payments", a.paymentRoutes())
+	})
+	return r
+}
+
+// healthz answers as long as the process serves HTTP; it needs nothing else,
+// so an orchestrator does not restart the service because PostgreSQL is down.
+func (a *api) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"status":"ok"}`))
+}
+
+// readyz answers 200 only when the database answers within a second, so a
+// load balancer stops sending traffic that could only get 503s.
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+	defer cancel()
+	if err := a.pool.Ping(ctx); err != nil {
+		a.log.WarnContext(r.Context(), "readiness check failed", "error", err)
+		writeError(w, r, a.log, database.ErrUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"status":"ready"}`))
+}

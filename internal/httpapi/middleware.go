@@ -1,0 +1,165 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+type requestIDKey struct{}
+
+// requestIDFrom returns the request's id, or "" outside a request.
+func requestIDFrom(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return id
+}
+
+// requestID gives every request a server-generated id, sent as X-Request-Id.
+// An id sent by the client is ignored: the id is stored as the correlation id
+// of the attempt that produced a response, so it must be unique and ours.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b) // crypto/rand.Read never fails
+		id := "req_" + hex.EncodeToString(b)
+		w.Header().Set("X-Request-Id", id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
+	})
+}
+
+// statusRecorder remembers what was written, for the access log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	n, err := s.ResponseWriter.Write(b)
+	s.bytes += n
+	return n, err
+}
+
+// accessLog writes one line per request. It logs the route template and the
+// request id, never headers, bodies or idempotency keys: those may carry
+// secrets or personal data.
+func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			rec := &statusRecorder{ResponseWriter: w}
+			next.ServeHTTP(rec, r)
+			route := ""
+			if rc := chi.RouteContext(r.Context()); rc != nil {
+				route = rc.RoutePattern()
+			}
+			log.InfoContext(r.Context(), "request",
+				"method", r.Method,
+				"route", route,
+				"status", rec.status,
+				"bytes", rec.bytes,
+				"duration_ms", float64(time.Since(start).Microseconds())/1000,
+				"request_id", requestIDFrom(r.Context()),
+				"replayed", rec.Header().Get("Idempotent-Replayed") == "true",
+			)
+		})
+	}
+}
+
+// recoverer turns a panic into a 500 problem. The panic has already unwound
+// through the request's transaction, whose deferred rollback undid the claim.
+func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() {
+				v := recover()
+				if v == nil {
+					return
+				}
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(v), "stack", string(debug.Stack()),
+					"request_id", requestIDFrom(r.Context()))
+				writeProblem(w, r, newProblem(ptInternal, "The request had no effect. Retry with the same Idempotency-Key."))
+			}()
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// timeout bounds a request's work: database calls honour the context, and an
+// expired one surfaces as context.DeadlineExceeded, which maps to 503.
+func timeout(d time.Duration) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), d)
+			defer cancel()
+			next.ServeHTTP(w, r.WithContext(ctx))
+		})
+	}
+}
+
+// authenticate resolves the bearer secret to a principal on every request.
+// Replays pass through here too, so a revoked key never sees a stored response.
+func authenticate(pool *database.Pool, log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			scheme, secret, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			if !strings.EqualFold(scheme, "Bearer") || secret == "" {
+				writeError(w, r, log, auth.ErrUnauthenticated)
+				return
+			}
+			var p auth.Principal
+			err := pool.WithConn(r.Context(), func(c database.DBTX) (err error) {
+				p, err = auth.Authenticate(r.Context(), c, strings.TrimSpace(secret))
+				return err
+			})
+			if err != nil {
+				writeError(w, r, log, err)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
+		})
+	}
+}
+
+// requireScope refuses, with 403, a principal whose key lacks scope. It runs
+// before any idempotency work, so a replay is re-authorized too.
+func requireScope(scope string, log *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			p, ok := auth.FromContext(r.Context())
+			if !ok {
+				writeError(w, r, log, auth.ErrUnauthenticated)
+				return
+			}
+			if !p.Can(scope) {
+				writeError(w, r, log, auth.ErrForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}

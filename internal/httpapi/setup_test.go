@@ -1,0 +1,192 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
+	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// options tune the service a test runs against.
+type options struct {
+	maxConns       int32
+	acquireTimeout time.Duration
+	lockTimeout    time.Duration
+	maxBodyBytes   int64
+	databaseURL    string // overrides the test database's service-role URL
+}
+
+// testBundle is a running API on its own database.
+type testBundle struct {
+	db    testdb.DB
+	pool  *database.Pool
+	srv   *httptest.Server
+	admin *pgxpool.Pool // superuser: sees every tenant's rows, for assertions
+	logs  *syncBuffer
+}
+
+func setup(t *testing.T, tweak ...func(*options)) *testBundle {
+	t.Helper()
+	o := options{maxConns: 20, acquireTimeout: 5 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20}
+	for _, f := range tweak {
+		f(&o)
+	}
+	ctx := context.Background()
+	b := &testBundle{db: testdb.New(t), logs: &syncBuffer{}}
+	url := b.db.AppURL
+	if o.databaseURL != "" {
+		url = o.databaseURL
+	}
+	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b.pool = pool
+
+	admin, err := pgxpool.New(ctx, b.db.AdminURL)
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	b.admin = admin
+
+	log := slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h := httpapi.New(httpapi.Deps{
+		Logger:         log,
+		Pool:           pool,
+		Idempotency:    idempotency.NewExecutor(pool, idempotency.Config{Retention: 25 * time.Hour, LockTimeout: o.lockTimeout}),
+		MaxBodyBytes:   o.maxBodyBytes,
+		RequestTimeout: 30 * time.Second,
+	})
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// newKey creates an API key for principal (created if new) and returns its secret.
+func (b *testBundle) newKey(t *testing.T, principal string, scopes ...string) auth.NewKey {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, b.db.OwnerURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var k auth.NewKey
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		k, err = auth.CreateKey(ctx, tx, principal, scopes)
+		return err
+	})
+	require.NoError(t, err)
+	return k
+}
+
+// allScopes is what most test keys hold.
+var allScopes = []string{auth.ScopePaymentsRead, auth.ScopePaymentsWrite, auth.ScopeRefundsRead, auth.ScopeRefundsWrite}
+
+// response is what a client saw.
+type response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// call is one request; zero fields are not sent.
+type call struct {
+	method, path, secret, key, body, contentType string
+}
+
+func (b *testBundle) do(t *testing.T, c call) response {
+	t.Helper()
+	req, err := http.NewRequest(c.method, b.srv.URL+c.path, strings.NewReader(c.body))
+	require.NoError(t, err)
+	if c.secret != "" {
+		req.Header.Set("Authorization", "Bearer "+c.secret)
+	}
+	if c.key != "" {
+		req.Header.Set("Idempotency-Key", c.key)
+	}
+	switch {
+	case c.contentType != "":
+		req.Header.Set("Content-Type", c.contentType)
+	case c.body != "":
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := b.srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: body}
+}
+
+func (b *testBundle) post(t *testing.T, path, secret, key, body string) response {
+	t.Helper()
+	return b.do(t, call{method: http.MethodPost, path: path, secret: secret, key: key, body: body})
+}
+
+func (b *testBundle) get(t *testing.T, path, secret string) response {
+	t.Helper()
+	return b.do(t, call{method: http.MethodGet, path: path, secret: secret})
+}
+
+// count runs a count(*) query as the superuser, across every tenant.
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.admin.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// decode parses a JSON body into a map.
+func decode(t *testing.T, body []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(body, &m), "body: %s", body)
+	return m
+}
+
+// requireProblem asserts an RFC 9457 response of the given status and type.
+func requireProblem(t *testing.T, r response, status int, slug string) {
+	t.Helper()
+	require.Equal(t, status, r.Status, "body: %s", r.Body)
+	require.Equal(t, httpapi.ContentTypeProblem, r.Header.Get("Content-Type"))
+	p := decode(t, r.Body)
+	require.Equal(t, httpapi.ProblemTypeBase+slug, p["type"])
+	require.EqualValues(t, status, p["status"])
+	require.NotEmpty(t, p["title"])
+	require.NotEmpty(t, p["detail"])
+	require.Equal(t, r.Header.Get("X-Request-Id"), p["request_id"])
+}
+
+// syncBuffer is a log sink that tests read after the requests are done.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}

@@ -1,0 +1,112 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// State is where a key's record is in its life.
+type State string
+
+// The states a record moves through. A claim inserts StateInProgress; the same
+// transaction moves it to StateCompleted or StateFailed before committing, so
+// other transactions normally never see StateInProgress.
+const (
+	StateInProgress State = "in_progress"
+	StateCompleted  State = "completed"
+	StateFailed     State = "failed"
+)
+
+// Scope identifies one record: the idempotency key is unique per principal and
+// per endpoint (route template), never globally.
+type Scope struct {
+	Principal uuid.UUID
+	Endpoint  string
+	Key       string
+}
+
+// record is a stored key as a replay needs it.
+type record struct {
+	State             State
+	Fingerprint       []byte
+	Response          Response
+	OriginalRequestID string
+}
+
+// claimSQL is the whole concurrency control. The INSERT either creates the
+// row (the caller now owns the key and will execute) or conflicts with an
+// existing one and returns nothing. A conflicting row that is still being
+// written by another transaction makes this statement wait on the primary key
+// until that transaction ends (bounded by lock_timeout).
+//
+// $7 is false when the principal is over its key quota: then no row is
+// offered for insertion at all, and the caller can still replay an existing
+// key but not create one.
+const claimSQL = `
+INSERT INTO idempotency_keys AS k
+    (principal_id, endpoint, key, state, fingerprint, correlation_id, expires_at)
+SELECT $1, $2, $3, 'in_progress', $4, $5, now() + $6 * interval '1 millisecond'
+WHERE $7
+ON CONFLICT (principal_id, endpoint, key) DO NOTHING
+RETURNING created_at`
+
+// claim tries to take the key. It reports whether this transaction now owns
+// it.
+func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID string, ttl time.Duration, allowNew bool) (bool, error) {
+	var createdAt time.Time
+	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew).Scan(&createdAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// lookup reads the record that made a claim conflict. Under READ COMMITTED
+// this statement takes a new snapshot, so it sees the row of the transaction
+// the claim waited for. It can find nothing when that row was removed since
+// (a sweeper deleting an expired row).
+func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
+	var r record
+	var status *int16
+	err := tx.QueryRow(ctx, `
+		SELECT state, fingerprint, response_status, coalesce(response_content_type, ''),
+		       coalesce(response_body, ''::bytea), correlation_id
+		FROM idempotency_keys
+		WHERE principal_id = $1 AND endpoint = $2 AND key = $3`,
+		s.Principal, s.Endpoint, s.Key).
+		Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.OriginalRequestID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return record{}, false, nil
+	}
+	if err != nil {
+		return record{}, false, err
+	}
+	if status != nil {
+		r.Response.Status = int(*status)
+	}
+	return r, true, nil
+}
+
+// complete stores the outcome on the claimed row, in the claiming transaction.
+func complete(ctx context.Context, tx pgx.Tx, s Scope, state State, resp Response) error {
+	tag, err := tx.Exec(ctx, `
+		UPDATE idempotency_keys
+		SET state = $4, response_status = $5, response_content_type = $6, response_body = $7
+		WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND state = 'in_progress'`,
+		s.Principal, s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, resp.Body)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("claimed row not found in state in_progress (updated %d rows)", tag.RowsAffected())
+	}
+	return nil
+}

@@ -1,0 +1,197 @@
+// Package testdb gives each test its own migrated PostgreSQL database, so
+// tests run in parallel without seeing each other's rows.
+//
+// The server comes from TEST_DATABASE_URL when it is set (a superuser or a
+// role with CREATEDB and CREATEROLE). Otherwise, when a Docker engine answers
+// a ping, testcontainers starts PostgreSQL 15 for the test binary. Otherwise
+// the test fails and says how to provide a database: a skipped database test
+// would count as a pass while proving nothing.
+//
+// Migrations run once per test binary into a template database (pgtestdb);
+// each test then gets a cheap copy of it.
+package testdb
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver pgtestdb uses
+	"github.com/peterldowns/pgtestdb"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"go.uber.org/goleak"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/migrations"
+)
+
+// DB is one test's database, reachable as each of the project's roles.
+type DB struct {
+	// OwnerURL connects as the role that owns the tables and ran migrations.
+	OwnerURL string
+	// AppURL connects as payments_app, the service role that row-level
+	// security applies to.
+	AppURL string
+	// MaintenanceURL connects as payments_maintenance (sweeper, gauges).
+	MaintenanceURL string
+	// AdminURL connects as the server's admin (TEST_DATABASE_URL's role, a
+	// superuser), which row-level security does not apply to: for tests
+	// that count every tenant's rows.
+	AdminURL string
+}
+
+const howTo = `no PostgreSQL for tests: set TEST_DATABASE_URL to a server this test can create databases and roles on, for example
+  TEST_DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' go test -race ./...
+or start a Docker engine so that testcontainers can run PostgreSQL (%v)`
+
+var (
+	serverOnce sync.Once
+	serverURL  string
+	serverErr  error
+	container  *tcpostgres.PostgresContainer
+)
+
+// server returns the admin URL of the PostgreSQL server for this process.
+func server() (string, error) {
+	serverOnce.Do(func() {
+		if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+			serverURL = u
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := pingDocker(ctx); err != nil {
+			serverErr = fmt.Errorf(howTo, err)
+			return
+		}
+		c, err := tcpostgres.Run(ctx, "postgres:15-alpine",
+			tcpostgres.WithDatabase("postgres"),
+			tcpostgres.WithUsername("postgres"),
+			tcpostgres.WithPassword("postgres"),
+			// The service and maintenance roles are created by migrations
+			// without passwords; trust lets the tests log in as them.
+			testcontainers.WithEnv(map[string]string{"POSTGRES_HOST_AUTH_METHOD": "trust"}),
+			tcpostgres.BasicWaitStrategies(),
+		)
+		if err != nil {
+			serverErr = fmt.Errorf("start PostgreSQL with testcontainers: %w", err)
+			return
+		}
+		container = c
+		serverURL, serverErr = c.ConnectionString(ctx, "sslmode=disable")
+	})
+	return serverURL, serverErr
+}
+
+// pingDocker checks that a Docker engine answers. A docker client binary alone
+// (as on machines without an engine) is not enough.
+func pingDocker(ctx context.Context) (err error) {
+	defer func() {
+		// testcontainers panics on some hosts without a Docker socket.
+		if r := recover(); r != nil {
+			err = fmt.Errorf("docker: %v", r)
+		}
+	}()
+	p, err := testcontainers.NewDockerProvider()
+	if err != nil {
+		return fmt.Errorf("docker: %w", err)
+	}
+	defer p.Close()
+	return p.Health(ctx)
+}
+
+// Main runs a package's tests, stops the container if one was started, and
+// fails the run if a test leaked a goroutine. Call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if container != nil {
+		_ = testcontainers.TerminateContainer(container)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// migrator applies the embedded migrations to pgtestdb's template.
+type migrator struct{}
+
+func (migrator) Hash() (string, error) {
+	h := sha256.New()
+	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(migrations.FS, path)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", path, len(b))
+		h.Write(b)
+		return nil
+	})
+	return hex.EncodeToString(h.Sum(nil)), err
+}
+
+func (migrator) Migrate(ctx context.Context, _ *sql.DB, conf pgtestdb.Config) error {
+	return database.Migrate(ctx, conf.URL())
+}
+
+// New returns a fresh database for t, dropped when t ends (kept when it
+// fails, for inspection).
+func New(t testing.TB) DB {
+	t.Helper()
+	admin, err := server()
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatalf("TEST_DATABASE_URL: %v", err)
+	}
+	password, _ := u.User.Password()
+	conf := pgtestdb.Config{
+		DriverName: "pgx",
+		Host:       u.Hostname(),
+		Port:       u.Port(),
+		User:       u.User.Username(),
+		Password:   password,
+		Database:   u.Path[1:],
+		Options:    u.RawQuery,
+		TestRole: &pgtestdb.Role{
+			Username: "payments_test_owner",
+			Password: "payments_test_owner",
+			// CREATEROLE because the first migration creates the service roles.
+			Capabilities: "NOSUPERUSER NOCREATEDB CREATEROLE",
+		},
+		ForceTerminateConnections: true,
+	}
+	inst := pgtestdb.Custom(t, conf, migrator{})
+	owner := inst.URL()
+	adminURL := *u
+	adminURL.Path = "/" + inst.Database
+	return DB{
+		OwnerURL:       owner,
+		AppURL:         withUser(owner, "payments_app"),
+		MaintenanceURL: withUser(owner, "payments_maintenance"),
+		AdminURL:       adminURL.String(),
+	}
+}
+
+func withUser(raw, user string) string {
+	u, _ := url.Parse(raw) // raw came from pgtestdb's own URL builder
+	u.User = url.User(user)
+	return u.String()
+}

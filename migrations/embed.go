@@ -1,0 +1,15 @@
+// Package migrations holds the schema as numbered SQL files, embedded into the
+// binary so that `api migrate up` and `api serve` need nothing on disk.
+//
+// Files follow golang-migrate's NNNNNN_name.up.sql / .down.sql convention. Each
+// file wraps itself in BEGIN/COMMIT because golang-migrate's pgx driver sends a
+// file as one multi-statement query, which PostgreSQL otherwise runs statement
+// by statement, leaving half a migration behind when one statement fails.
+package migrations
+
+import "embed"
+
+// FS contains every migration file.
+//
+//go:embed *.sql
+var FS embed.FS
