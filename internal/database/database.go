@@ -20,8 +20,9 @@ import (
 )
 
 // ErrUnavailable means the database could not serve the request in time: no
-// pooled connection was free, the server could not be reached, or it is
-// shutting down. The request had no effect and can be retried.
+// pooled connection was free, the server could not be reached or is shutting
+// down, or a lock could not be had in time. The request had no effect and can
+// be retried.
 var ErrUnavailable = errors.New("database unavailable")
 
 // PoolConfig bounds a pool. Every field must be set.
@@ -157,7 +158,11 @@ func Classify(err error) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-			"53300": // too_many_connections
+			"53300",          // too_many_connections
+			"55P03",          // lock_not_available: a row stayed locked past lock_timeout
+			"40P01", "40001": // deadlock_detected, serialization_failure
+			// All of these rolled the transaction back; the same request
+			// can simply be retried.
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return err

@@ -49,6 +49,7 @@ func New(d Deps) http.Handler {
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(authenticate(a.pool, a.log))
 		r.Mount("/payments", a.paymentRoutes())
+		r.Mount("/refunds", a.refundRoutes())
 	})
 	return r
 }

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
-	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
 // decodeJSON reads r's body (at most maxBytes) into dst, rejecting unknown
@@ -52,12 +52,12 @@ func decodeError(err error) error {
 		if field == "" {
 			field = "(body)"
 		}
-		return &payments.ValidationError{Fields: []payments.FieldError{{Field: field, Message: "must be of type " + jsonType(typeErr.Type.Kind().String())}}}
+		return &validation.Error{Fields: []validation.FieldError{{Field: field, Message: "must be of type " + jsonType(typeErr.Type.Kind().String())}}}
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return &payments.ValidationError{Fields: []payments.FieldError{{Field: strings.Trim(name, `"`), Message: "is not a known field"}}}
+		return &validation.Error{Fields: []validation.FieldError{{Field: strings.Trim(name, `"`), Message: "is not a known field"}}}
 	}
-	return &payments.ValidationError{Fields: []payments.FieldError{{Field: "(body)", Message: "does not match the expected shape"}}}
+	return &validation.Error{Fields: []validation.FieldError{{Field: "(body)", Message: "does not match the expected shape"}}}
 }
 
 func jsonType(kind string) string {

@@ -19,6 +19,8 @@ func (a *api) paymentRoutes() chi.Router {
 	r := chi.NewRouter()
 	r.With(requireScope(auth.ScopePaymentsWrite, a.log)).Post("/", a.createPayment)
 	r.With(requireScope(auth.ScopePaymentsRead, a.log)).Get("/{id}", a.getPayment)
+	r.With(requireScope(auth.ScopeRefundsWrite, a.log)).Post("/{id}/refunds", a.createRefund)
+	r.With(requireScope(auth.ScopeRefundsRead, a.log)).Get("/{id}/refunds", a.listRefunds)
 	return r
 }
 
@@ -52,22 +54,37 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
-	p, _ := auth.FromContext(r.Context())
 	id, err := uuid.Parse(chi.URLParam(r, "id"))
 	if err != nil {
 		writeError(w, r, a.log, errNotFound)
 		return
 	}
-	var pay payments.Payment
-	err = database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{}, func(tx pgx.Tx) (err error) {
-		pay, err = payments.Get(r.Context(), tx, id)
+	var p payments.Payment
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
+		p, err = payments.Get(ctx, tx, id)
 		return err
 	})
+	a.respond(w, r, p, err)
+}
+
+// read runs fn in a transaction that sees only the caller's rows.
+func (a *api) read(r *http.Request, fn func(context.Context, pgx.Tx) error) error {
+	p, ok := auth.FromContext(r.Context())
+	if !ok {
+		return auth.ErrUnauthenticated
+	}
+	return database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{}, func(tx pgx.Tx) error {
+		return fn(r.Context(), tx)
+	})
+}
+
+// respond writes v as a 200 JSON body, or the problem err maps to.
+func (a *api) respond(w http.ResponseWriter, r *http.Request, v any, err error) {
 	if err != nil {
 		writeError(w, r, a.log, err)
 		return
 	}
-	resp, err := renderJSON(http.StatusOK, pay)
+	resp, err := renderJSON(http.StatusOK, v)
 	if err != nil {
 		writeError(w, r, a.log, err)
 		return

@@ -12,6 +12,8 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/refunds"
+	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
 // ProblemTypeBase prefixes every problem type URI. Each type is documented in
@@ -24,13 +26,13 @@ const ContentTypeProblem = "application/problem+json"
 // Problem is an RFC 9457 problem details object. Clients branch on Type,
 // never on Title or Detail.
 type Problem struct {
-	Type      string                `json:"type"`
-	Title     string                `json:"title"`
-	Status    int                   `json:"status"`
-	Detail    string                `json:"detail"`
-	Instance  string                `json:"instance,omitempty"`
-	RequestID string                `json:"request_id"`
-	Errors    []payments.FieldError `json:"errors,omitempty"`
+	Type      string                  `json:"type"`
+	Title     string                  `json:"title"`
+	Status    int                     `json:"status"`
+	Detail    string                  `json:"detail"`
+	Instance  string                  `json:"instance,omitempty"`
+	RequestID string                  `json:"request_id"`
+	Errors    []validation.FieldError `json:"errors,omitempty"`
 
 	retryAfter int // seconds; sent as Retry-After when > 0
 }
@@ -56,6 +58,7 @@ var (
 	ptTooLarge         = problemType{"payload-too-large", "The request body is too large", http.StatusRequestEntityTooLarge}
 	ptMediaType        = problemType{"unsupported-media-type", "The request body must be application/json", http.StatusUnsupportedMediaType}
 	ptKeyReused        = problemType{"idempotency-key-reused", "Idempotency-Key was used for a different request", http.StatusUnprocessableEntity}
+	ptRefundExceeds    = problemType{"refund-exceeds-payment", "The refund exceeds what remains of the payment", http.StatusUnprocessableEntity}
 	ptInternal         = problemType{"internal-error", "Internal server error", http.StatusInternalServerError}
 	ptUnavailable      = problemType{"service-unavailable", "The service is temporarily unavailable", http.StatusServiceUnavailable}
 )
@@ -70,7 +73,7 @@ var (
 
 // problemFor is the one place where errors become HTTP responses.
 func problemFor(err error) Problem {
-	var ve *payments.ValidationError
+	var ve *validation.Error
 	switch {
 	case errors.As(err, &ve):
 		return newProblem(ptValidation, "One or more fields are invalid.").withErrors(ve.Fields)
@@ -84,7 +87,7 @@ func problemFor(err error) Problem {
 		return newProblem(ptUnauthenticated, "Send a valid, unrevoked API key as 'Authorization: Bearer <secret>'.")
 	case errors.Is(err, auth.ErrForbidden):
 		return newProblem(ptForbidden, "The API key does not have the scope this operation requires.")
-	case errors.Is(err, payments.ErrNotFound), errors.Is(err, errNotFound):
+	case errors.Is(err, payments.ErrNotFound), errors.Is(err, refunds.ErrNotFound), errors.Is(err, errNotFound):
 		return newProblem(ptNotFound, "No such resource.")
 	case errors.Is(err, errMethodNotAllowed):
 		return newProblem(ptMethodNotAllowed, "This resource does not support that method.")
@@ -107,7 +110,7 @@ func newProblem(t problemType, detail string) Problem {
 	return Problem{Type: ProblemTypeBase + t.slug, Title: t.title, Status: t.status, Detail: detail}
 }
 
-func (p Problem) withErrors(fe []payments.FieldError) Problem { p.Errors = fe; return p }
+func (p Problem) withErrors(fe []validation.FieldError) Problem { p.Errors = fe; return p }
 
 func (p Problem) retry(seconds int) Problem { p.retryAfter = seconds; return p }
 

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -190,3 +192,7 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.buf.String()
 }
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func randomSuffix() string { return strconv.FormatUint(rand.Uint64(), 36) }

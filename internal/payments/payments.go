@@ -1,5 +1,5 @@
 // Package payments owns the payments table: validating a new payment,
-// inserting it, and reading it back.
+// inserting it, reading it back, and recording what has been refunded.
 //
 // A payment here succeeds the moment it is recorded; there is no card network
 // behind it. The interesting part of this project is what protects the write,
@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
 // Limits on what a client may send.
@@ -34,35 +35,20 @@ const StatusSucceeded = "succeeded"
 // ErrNotFound means no payment with that id is visible to the principal.
 var ErrNotFound = errors.New("payment not found")
 
-// FieldError is one invalid field of a request.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
-
-// ValidationError lists every invalid field of a request.
-type ValidationError struct {
-	Fields []FieldError
-}
-
-func (e *ValidationError) Error() string {
-	msgs := make([]string, len(e.Fields))
-	for i, f := range e.Fields {
-		msgs[i] = f.Field + ": " + f.Message
-	}
-	return "invalid payment: " + strings.Join(msgs, "; ")
-}
-
 // Payment is a recorded payment as clients see it.
 type Payment struct {
-	ID          uuid.UUID         `json:"id"`
-	Amount      int64             `json:"amount"`
-	Currency    string            `json:"currency"`
-	Status      string            `json:"status"`
-	Description *string           `json:"description"`
-	Metadata    map[string]string `json:"metadata"`
-	CreatedAt   time.Time         `json:"created_at"`
+	ID             uuid.UUID         `json:"id"`
+	Amount         int64             `json:"amount"`
+	AmountRefunded int64             `json:"amount_refunded"`
+	Currency       string            `json:"currency"`
+	Status         string            `json:"status"`
+	Description    *string           `json:"description"`
+	Metadata       map[string]string `json:"metadata"`
+	CreatedAt      time.Time         `json:"created_at"`
 }
+
+// Refundable returns what can still be refunded.
+func (p Payment) Refundable() int64 { return p.Amount - p.AmountRefunded }
 
 // NewPayment is a request to create a payment. Amount is in minor units
 // (cents for usd); Currency is an ISO 4217 code in either case.
@@ -75,37 +61,34 @@ type NewPayment struct {
 
 // Validate checks every field and reports all problems at once.
 func (n NewPayment) Validate() error {
-	var fe []FieldError
+	var c validation.Collector
 	switch {
 	case n.Amount == nil:
-		fe = append(fe, FieldError{"amount", "is required"})
+		c.Add("amount", "is required")
 	case *n.Amount <= 0:
-		fe = append(fe, FieldError{"amount", "must be a positive integer number of minor units"})
+		c.Add("amount", "must be a positive integer number of minor units")
 	}
 	if n.Currency == "" {
-		fe = append(fe, FieldError{"currency", "is required"})
+		c.Add("currency", "is required")
 	} else if !IsCurrency(n.Currency) {
-		fe = append(fe, FieldError{"currency", "must be a three-letter ISO 4217 currency code"})
+		c.Add("currency", "must be a three-letter ISO 4217 currency code")
 	}
 	if n.Description != nil && utf8.RuneCountInString(*n.Description) > MaxDescriptionLength {
-		fe = append(fe, FieldError{"description", fmt.Sprintf("must be at most %d characters", MaxDescriptionLength)})
+		c.Add("description", fmt.Sprintf("must be at most %d characters", MaxDescriptionLength))
 	}
 	if len(n.Metadata) > MaxMetadataKeys {
-		fe = append(fe, FieldError{"metadata", fmt.Sprintf("must have at most %d keys", MaxMetadataKeys)})
+		c.Add("metadata", fmt.Sprintf("must have at most %d keys", MaxMetadataKeys))
 	}
 	for k, v := range n.Metadata {
 		if k == "" || utf8.RuneCountInString(k) > MaxMetadataKeyLength {
-			fe = append(fe, FieldError{"metadata", fmt.Sprintf("keys must be 1-%d characters", MaxMetadataKeyLength)})
+			c.Add("metadata", fmt.Sprintf("keys must be 1-%d characters", MaxMetadataKeyLength))
 			break
 		}
 		if utf8.RuneCountInString(v) > MaxMetadataValue {
-			fe = append(fe, FieldError{"metadata." + k, fmt.Sprintf("must be at most %d characters", MaxMetadataValue)})
+			c.Add("metadata."+k, fmt.Sprintf("must be at most %d characters", MaxMetadataValue))
 		}
 	}
-	if len(fe) > 0 {
-		return &ValidationError{Fields: fe}
-	}
-	return nil
+	return c.Err()
 }
 
 // Create records a validated payment for principal in tx.
@@ -135,11 +118,22 @@ func Create(ctx context.Context, tx pgx.Tx, principal uuid.UUID, n NewPayment) (
 // Get returns the payment with id. Row-level security hides other principals'
 // payments, which therefore look exactly like missing ones.
 func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Payment, error) {
+	return get(ctx, db, id, "")
+}
+
+// GetForUpdate returns the payment with id and locks its row until tx ends.
+// Every refund of a payment takes this lock first, so refunds of one payment
+// run one after another and each sees what the previous ones refunded.
+func GetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Payment, error) {
+	return get(ctx, tx, id, " FOR UPDATE")
+}
+
+func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Payment, error) {
 	var p Payment
 	err := db.QueryRow(ctx, `
-		SELECT id, amount, currency, status, description, metadata, created_at
-		FROM payments WHERE id = $1`, id).
-		Scan(&p.ID, &p.Amount, &p.Currency, &p.Status, &p.Description, &p.Metadata, &p.CreatedAt)
+		SELECT id, amount, amount_refunded, currency, status, description, metadata, created_at
+		FROM payments WHERE id = $1`+lock, id).
+		Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.Description, &p.Metadata, &p.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
 	}
@@ -147,4 +141,17 @@ func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Payment, error) {
 		return Payment{}, fmt.Errorf("get payment: %w", database.Classify(err))
 	}
 	return p, nil
+}
+
+// AddRefunded records amount more as refunded on the payment. The table's
+// CHECK refuses a total above the payment's amount.
+func AddRefunded(ctx context.Context, tx pgx.Tx, id uuid.UUID, amount int64) error {
+	tag, err := tx.Exec(ctx, `UPDATE payments SET amount_refunded = amount_refunded + $2 WHERE id = $1`, id, amount)
+	if err != nil {
+		return fmt.Errorf("add refunded amount: %w", database.Classify(err))
+	}
+	if tag.RowsAffected() != 1 {
+		return ErrNotFound
+	}
+	return nil
 }

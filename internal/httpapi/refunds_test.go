@@ -1,0 +1,211 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+)
+
+// createPayment makes a payment of amount and returns its id.
+func (b *testBundle) createPayment(t *testing.T, secret string, amount int) string {
+	t.Helper()
+	r := b.post(t, "/v1/payments", secret, "payment-"+t.Name()+"-"+randomSuffix(), `{"amount": `+itoa(amount)+`, "currency": "eur"}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	return decode(t, r.Body)["id"].(string)
+}
+
+func TestRefundAPayment(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+
+	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-1", `{"amount": 300, "reason": "requested_by_customer"}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	refund := decode(t, r.Body)
+	require.Equal(t, pay, refund["payment_id"])
+	require.EqualValues(t, 300, refund["amount"])
+	require.Equal(t, "eur", refund["currency"])
+	require.Equal(t, "requested_by_customer", refund["reason"])
+	require.Equal(t, "succeeded", refund["status"])
+	require.NotEmpty(t, refund["created_at"])
+
+	// Without an amount, a refund takes what remains.
+	rest := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-2", ``)
+	require.Equal(t, http.StatusCreated, rest.Status, "body: %s", rest.Body)
+	require.EqualValues(t, 700, decode(t, rest.Body)["amount"])
+
+	require.EqualValues(t, 1000, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"])
+	got := b.get(t, "/v1/refunds/"+refund["id"].(string), k.Secret)
+	require.Equal(t, http.StatusOK, got.Status)
+	require.Equal(t, refund["id"], decode(t, got.Body)["id"])
+	list := decode(t, b.get(t, "/v1/payments/"+pay+"/refunds", k.Secret).Body)
+	require.Len(t, list["data"], 2)
+	require.Equal(t, false, list["has_more"])
+
+	var endpoint string
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT endpoint FROM idempotency_keys WHERE key = 'refund-1'`).Scan(&endpoint))
+	require.Equal(t, "POST /v1/payments/{id}/refunds", endpoint)
+}
+
+// A refund above what remains is a business outcome: stored with state failed
+// and replayed byte for byte.
+func TestRefundExceedingThePaymentIsStoredAndReplayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+
+	first := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "too-much", `{"amount": 1001}`)
+	requireProblem(t, first, http.StatusUnprocessableEntity, "refund-exceeds-payment")
+	var state string
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT state FROM idempotency_keys WHERE key = 'too-much'`).Scan(&state))
+	require.Equal(t, "failed", state)
+
+	again := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "too-much", `{"amount": 1001}`)
+	require.Equal(t, first.Status, again.Status)
+	require.Equal(t, first.Header.Get("Content-Type"), again.Header.Get("Content-Type"))
+	require.Equal(t, first.Body, again.Body)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.Header.Get("X-Request-Id"), again.Header.Get("X-Original-Request-Id"))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM refunds`))
+}
+
+// Many refunds with different keys race on one payment: the row lock makes
+// them take turns, so the total never exceeds the payment.
+func TestConcurrentRefundsNeverOverRefund(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxConns = 40 })
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+
+	const n = 30 // each refunds 100 of 1000: exactly 10 can succeed
+	statuses := make([]int, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			statuses[i] = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "race-"+itoa(i), `{"amount": 100}`).Status
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	created, rejected := 0, 0
+	for _, s := range statuses {
+		switch s {
+		case http.StatusCreated:
+			created++
+		case http.StatusUnprocessableEntity:
+			rejected++
+		default:
+			t.Fatalf("unexpected status %d", s)
+		}
+	}
+	require.Equal(t, 10, created)
+	require.Equal(t, n-10, rejected)
+	require.Equal(t, 1000, b.count(t, `SELECT sum(amount)::int FROM refunds`))
+	require.Equal(t, 1000, b.count(t, `SELECT amount_refunded::int FROM payments`))
+}
+
+func TestOneRefundKeySentManyTimesRefundsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxConns = 60 })
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+
+	const n = 50
+	responses := make([]response, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			responses[i] = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "one-refund", `{"amount": 250}`)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for _, r := range responses {
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+		require.Equal(t, responses[0].Body, r.Body)
+	}
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`))
+	require.Equal(t, 250, b.count(t, `SELECT amount_refunded::int FROM payments`))
+}
+
+func TestRefundKeyScope(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	a := b.createPayment(t, k.Secret, 1000)
+	other := b.createPayment(t, k.Secret, 1000)
+
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments/"+a+"/refunds", k.Secret, "refund-key", `{"amount": 100}`).Status)
+	// Same route template, different payment: the fingerprint covers the
+	// concrete path, so this is a reused key, not a replay.
+	requireProblem(t, b.post(t, "/v1/payments/"+other+"/refunds", k.Secret, "refund-key", `{"amount": 100}`),
+		http.StatusUnprocessableEntity, "idempotency-key-reused")
+	// Different endpoint: an independent record.
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", k.Secret, "refund-key", paymentBody).Status)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`))
+}
+
+func TestRefundsAcrossTenants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	acme := b.newKey(t, "acme", allScopes...)
+	globex := b.newKey(t, "globex", allScopes...)
+	theirs := b.createPayment(t, globex.Secret, 1000)
+	theirRefund := decode(t, b.post(t, "/v1/payments/"+theirs+"/refunds", globex.Secret, "g", `{"amount": 100}`).Body)["id"].(string)
+	keys := b.count(t, `SELECT count(*) FROM idempotency_keys`)
+
+	requireProblem(t, b.post(t, "/v1/payments/"+theirs+"/refunds", acme.Secret, "steal", `{"amount": 100}`), http.StatusNotFound, "not-found")
+	requireProblem(t, b.post(t, "/v1/payments/01a237a6-1ce6-7a98-be43-37d8ff4b5115/refunds", acme.Secret, "ghost", `{}`), http.StatusNotFound, "not-found")
+	requireProblem(t, b.get(t, "/v1/payments/"+theirs+"/refunds", acme.Secret), http.StatusNotFound, "not-found")
+	requireProblem(t, b.get(t, "/v1/refunds/"+theirRefund, acme.Secret), http.StatusNotFound, "not-found")
+	requireProblem(t, b.get(t, "/v1/payments/"+theirs, acme.Secret), http.StatusNotFound, "not-found")
+
+	require.Equal(t, keys, b.count(t, `SELECT count(*) FROM idempotency_keys`), "a 404 stored a key")
+	require.Equal(t, 100, b.count(t, `SELECT amount_refunded::int FROM payments`))
+}
+
+func TestRefundReplayIsReauthorized(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	writer := b.newKey(t, "acme", allScopes...)
+	paymentsOnly := b.newKey(t, "acme", auth.ScopePaymentsRead, auth.ScopePaymentsWrite)
+	pay := b.createPayment(t, writer.Secret, 1000)
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments/"+pay+"/refunds", writer.Secret, "r", `{"amount": 100}`).Status)
+
+	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", paymentsOnly.Secret, "r", `{"amount": 100}`), http.StatusForbidden, "forbidden")
+	_, err := b.admin.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, writer.ID)
+	require.NoError(t, err)
+	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", writer.Secret, "r", `{"amount": 100}`), http.StatusUnauthorized, "unauthenticated")
+
+	// The payment changes hands (as an operator could do in the database):
+	// the stored refund is no longer the caller's to see.
+	fresh := b.newKey(t, "acme", allScopes...)
+	_, err = b.admin.Exec(context.Background(), `UPDATE payments SET principal_id = gen_random_uuid() WHERE id = $1`, pay)
+	require.NoError(t, err)
+	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", fresh.Secret, "r", `{"amount": 100}`), http.StatusNotFound, "not-found")
+}
+
+func TestInvalidRefunds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+	for _, body := range []string{`{"amount": 0}`, `{"amount": -1}`, `{"reason": "bored"}`, `{"amount": "1"}`, `{"currency": "usd"}`} {
+		requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "k", body), http.StatusBadRequest, "validation-failed")
+	}
+	requireProblem(t, b.post(t, "/v1/payments/not-a-uuid/refunds", k.Secret, "k", `{}`), http.StatusNotFound, "not-found")
+	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "", `{}`), http.StatusBadRequest, "idempotency-key-missing")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys`), "only the payment's key")
+}

@@ -1,0 +1,150 @@
+// Package refunds owns the refunds table: the rule that refunds never exceed
+// what remains of a payment, inserting a refund, and reading refunds back.
+//
+// It does not touch the payments table. The caller locks the payment, passes
+// what remains refundable, and records the refunded amount on the payment
+// (internal/httpapi/refunds.go), all in the one request transaction.
+package refunds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/validation"
+)
+
+// Reasons a client may give.
+var Reasons = []string{"requested_by_customer", "duplicate", "fraudulent"}
+
+// StatusSucceeded is the status of every recorded refund.
+const StatusSucceeded = "succeeded"
+
+// ListLimit is the most refunds one list response holds.
+const ListLimit = 100
+
+// ErrNotFound means no refund with that id is visible to the principal.
+var ErrNotFound = errors.New("refund not found")
+
+// ExceedsError is the business rejection of a refund larger than what remains
+// of the payment. It happens after execution began (the payment was locked
+// and read), so it is an outcome: stored and replayed like a success.
+type ExceedsError struct {
+	Requested int64
+	Remaining int64
+}
+
+func (e *ExceedsError) Error() string {
+	return fmt.Sprintf("refund of %d exceeds the %d that remains refundable", e.Requested, e.Remaining)
+}
+
+// Refund is a recorded refund as clients see it.
+type Refund struct {
+	ID        uuid.UUID `json:"id"`
+	PaymentID uuid.UUID `json:"payment_id"`
+	Amount    int64     `json:"amount"`
+	Currency  string    `json:"currency"`
+	Reason    *string   `json:"reason"`
+	Status    string    `json:"status"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// NewRefund is a request to refund a payment. Amount nil means everything
+// that remains refundable.
+type NewRefund struct {
+	Amount *int64  `json:"amount"`
+	Reason *string `json:"reason"`
+}
+
+// Validate checks the fields that can be checked without the payment.
+func (n NewRefund) Validate() error {
+	var c validation.Collector
+	if n.Amount != nil && *n.Amount <= 0 {
+		c.Add("amount", "must be a positive integer number of minor units")
+	}
+	if n.Reason != nil && !slices.Contains(Reasons, *n.Reason) {
+		c.Add("reason", "must be one of requested_by_customer, duplicate, fraudulent")
+	}
+	return c.Err()
+}
+
+// Payment is what a refund needs to know of the payment it refunds. The
+// caller must hold the payment's row lock while Create runs.
+type Payment struct {
+	ID         uuid.UUID
+	Currency   string
+	Refundable int64
+}
+
+// Create records a refund of p in tx, or returns *ExceedsError when the
+// requested amount (by default, all that remains) is more than remains.
+func Create(ctx context.Context, tx pgx.Tx, principal uuid.UUID, p Payment, n NewRefund) (Refund, error) {
+	amount := p.Refundable
+	if n.Amount != nil {
+		amount = *n.Amount
+	}
+	if amount > p.Refundable || amount <= 0 {
+		return Refund{}, &ExceedsError{Requested: amount, Remaining: p.Refundable}
+	}
+	r := Refund{
+		ID:        uuid.Must(uuid.NewV7()),
+		PaymentID: p.ID,
+		Amount:    amount,
+		Currency:  p.Currency,
+		Reason:    n.Reason,
+		Status:    StatusSucceeded,
+	}
+	err := tx.QueryRow(ctx, `
+		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, now())
+		RETURNING created_at`,
+		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status).Scan(&r.CreatedAt)
+	if err != nil {
+		return Refund{}, fmt.Errorf("insert refund: %w", database.Classify(err))
+	}
+	return r, nil
+}
+
+const columns = `id, payment_id, amount, currency, reason, status, created_at`
+
+func scan(row pgx.Row) (Refund, error) {
+	var r Refund
+	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.CreatedAt)
+	return r, err
+}
+
+// Get returns the refund with id; other principals' refunds are invisible.
+func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Refund, error) {
+	r, err := scan(db.QueryRow(ctx, `SELECT `+columns+` FROM refunds WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Refund{}, ErrNotFound
+	}
+	if err != nil {
+		return Refund{}, fmt.Errorf("get refund: %w", database.Classify(err))
+	}
+	return r, nil
+}
+
+// List returns the oldest ListLimit refunds of a payment, and whether there
+// are more.
+func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID) ([]Refund, bool, error) {
+	rows, err := db.Query(ctx, `SELECT `+columns+` FROM refunds WHERE payment_id = $1 ORDER BY created_at, id LIMIT $2`,
+		paymentID, ListLimit+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("list refunds: %w", database.Classify(err))
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Refund, error) { return scan(row) })
+	if err != nil {
+		return nil, false, fmt.Errorf("list refunds: %w", database.Classify(err))
+	}
+	if len(list) > ListLimit {
+		return list[:ListLimit], true, nil
+	}
+	return list, false, nil
+}

@@ -1,0 +1,185 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+var tenantTables = []string{"payments", "refunds", "idempotency_keys"}
+
+// seed creates, as the superuser, one payment, refund and key for each of
+// two principals.
+func seed(t *testing.T, db testdb.DB) (a, b uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, db.AdminURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	a, b = uuid.New(), uuid.New()
+	for _, p := range []uuid.UUID{a, b} {
+		pay := uuid.New()
+		_, err := admin.Exec(ctx, `
+			INSERT INTO payments (id, principal_id, amount, currency, status, created_at) VALUES ($1, $2, 1000, 'usd', 'succeeded', now());
+			`, pay, p)
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `INSERT INTO refunds (id, principal_id, payment_id, amount, currency, status, created_at) VALUES ($1, $2, $3, 100, 'usd', 'succeeded', now())`, uuid.New(), p, pay)
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, response_status, response_body, correlation_id, expires_at)
+			VALUES ($1, 'POST /v1/payments', 'shared', 'completed', sha256(''), 201, 'secret response', 'req', now() + interval '1 day')`, p)
+		require.NoError(t, err)
+	}
+	return a, b
+}
+
+// asApp runs fn in a transaction of the service role, with principal set
+// the way the service sets it (or not at all when principal is nil).
+func asApp(t *testing.T, db testdb.DB, principal *uuid.UUID, fn func(tx pgx.Tx)) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.AppURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // the test never commits
+	if principal != nil {
+		_, err = tx.Exec(ctx, `SELECT set_config('app.principal_id', $1, true)`, principal.String())
+		require.NoError(t, err)
+	}
+	fn(tx)
+}
+
+func count(t *testing.T, tx pgx.Tx, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, tx.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// requireRefused asserts a statement fails with insufficient_privilege
+// (42501), which is what a row-level security WITH CHECK violation raises.
+func requireRefused(t *testing.T, tx pgx.Tx, sql string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := tx.Exec(ctx, "SAVEPOINT s")
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, sql, args...)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "want an error, got %v", err)
+	require.Equal(t, "42501", pgErr.Code, pgErr.Message)
+	_, err = tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s")
+	require.NoError(t, err)
+}
+
+func TestServiceRolesAreSubjectToRowLevelSecurity(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.AppURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	for _, role := range []string{"payments_app", "payments_maintenance"} {
+		var super, bypass bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = $1`, role).Scan(&super, &bypass))
+		require.False(t, super, role)
+		require.False(t, bypass, role)
+	}
+	for _, table := range tenantTables {
+		var owner string
+		var enabled, forced bool
+		require.NoError(t, conn.QueryRow(ctx, `
+			SELECT pg_get_userbyid(relowner), relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = $1::regclass`, table).
+			Scan(&owner, &enabled, &forced))
+		require.NotEqual(t, "payments_app", owner, table)
+		require.True(t, enabled, table)
+		require.True(t, forced, table)
+	}
+}
+
+func TestNoPrincipalSeesNothing(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	a, _ := seed(t, db)
+	asApp(t, db, nil, func(tx pgx.Tx) {
+		for _, table := range tenantTables {
+			require.Zero(t, count(t, tx, `SELECT count(*) FROM `+table), table)
+		}
+	})
+	// After a transaction that set the principal ends, the setting reads back
+	// as '' rather than NULL: the policy must still match nothing, not fail.
+	asApp(t, db, &a, func(tx pgx.Tx) {
+		_, err := tx.Exec(context.Background(), `SELECT set_config('app.principal_id', '', true)`)
+		require.NoError(t, err)
+		for _, table := range tenantTables {
+			require.Zero(t, count(t, tx, `SELECT count(*) FROM `+table), table)
+		}
+	})
+}
+
+func TestOnePrincipalCannotTouchAnothersRows(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	a, b := seed(t, db)
+	asApp(t, db, &a, func(tx pgx.Tx) {
+		ctx := context.Background()
+		for _, table := range tenantTables {
+			require.Equal(t, 1, count(t, tx, `SELECT count(*) FROM `+table), "own rows of "+table)
+			require.Zero(t, count(t, tx, `SELECT count(*) FROM `+table+` WHERE principal_id = $1`, b), table)
+		}
+
+		tag, err := tx.Exec(ctx, `UPDATE payments SET amount_refunded = 1000 WHERE principal_id = $1`, b)
+		require.NoError(t, err)
+		require.Zero(t, tag.RowsAffected())
+		tag, err = tx.Exec(ctx, `UPDATE idempotency_keys SET response_body = 'forged' WHERE principal_id = $1`, b)
+		require.NoError(t, err)
+		require.Zero(t, tag.RowsAffected())
+
+		// Writing rows in another principal's name is refused outright.
+		requireRefused(t, tx, `INSERT INTO payments (id, principal_id, amount, currency, status, created_at) VALUES ($1, $2, 1, 'usd', 'succeeded', now())`, uuid.New(), b)
+		requireRefused(t, tx, `UPDATE payments SET principal_id = $1`, b)
+		requireRefused(t, tx, `INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, expires_at)
+			VALUES ($1, 'POST /v1/payments', 'new', 'in_progress', sha256(''), 'req', now() + interval '1 day')
+			ON CONFLICT (principal_id, endpoint, key) DO NOTHING`, b)
+		// The service role cannot delete at all; expiry is the sweeper's job.
+		requireRefused(t, tx, `DELETE FROM idempotency_keys`)
+		requireRefused(t, tx, `DELETE FROM payments`)
+	})
+}
+
+func TestMaintenanceRoleSeesNoResponsesAndDeletesOnlyExpiredRows(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	seed(t, db)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, db.AdminURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `UPDATE idempotency_keys SET created_at = now() - interval '3 days', expires_at = now() - interval '1 second'
+		WHERE principal_id = (SELECT principal_id FROM idempotency_keys LIMIT 1)`)
+	require.NoError(t, err)
+
+	conn, err := pgx.Connect(ctx, db.MaintenanceURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // the test never commits
+
+	require.Equal(t, 2, count(t, tx, `SELECT count(*) FROM idempotency_keys`))
+	requireRefused(t, tx, `SELECT response_body FROM idempotency_keys`)
+	requireRefused(t, tx, `SELECT fingerprint FROM idempotency_keys`)
+	requireRefused(t, tx, `SELECT count(*) FROM payments`)
+	tag, err := tx.Exec(ctx, `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "only the expired row")
+}
