@@ -4,6 +4,7 @@
 //	api migrate up                               apply pending migrations
 //	api keys create --principal NAME --scopes S  create an API key; prints one JSON line
 //	api keys revoke ID                           revoke an API key
+//	api sweep                                    delete expired keys once; prints one JSON line
 //
 // Settings come from environment variables; see internal/config and README.md.
 package main
@@ -21,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -48,7 +50,8 @@ const usage = `usage:
   api [serve]
   api migrate up
   api keys create --principal NAME --scopes payments:read,payments:write
-  api keys revoke ID`
+  api keys revoke ID
+  api sweep`
 
 // run dispatches to a subcommand. It returns instead of exiting so that
 // deferred cleanups run and tests can call it.
@@ -77,6 +80,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return nil
 	case "keys":
 		return keys(ctx, cfg, args, stdout)
+	case "sweep":
+		if len(args) != 0 {
+			return errors.New(usage)
+		}
+		return sweep(ctx, cfg, stdout)
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -105,11 +113,45 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer pool.Close()
+	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout})
+	if err != nil {
+		return err
+	}
+	defer maint.Close()
+
+	// Background work stops after the server has drained its requests, so
+	// the quota's final flush includes their claims, and before the pools
+	// close.
+	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var background sync.WaitGroup
+	defer func() {
+		stopBackground()
+		background.Wait()
+	}()
+	var quota *idempotency.Quota
+	if cfg.KeyQuota > 0 {
+		quota = idempotency.NewQuota(pool, idempotency.QuotaConfig{Limit: cfg.KeyQuota, Retention: cfg.Retention(), Refresh: cfg.QuotaRefresh})
+		background.Go(func() {
+			quota.Run(bg, func(err error) { log.Error("key quota flush failed", "error", err) })
+		})
+	}
+	if cfg.SweepInterval > 0 {
+		sweeper := newSweeper(cfg, maint)
+		sweeper.OnSweep = func(deleted int64) { log.Info("swept expired idempotency keys", "deleted", deleted) }
+		background.Go(func() {
+			sweeper.Run(bg, cfg.SweepInterval, func(err error) { log.Error("sweep failed", "error", err) })
+		})
+	}
 
 	handler := httpapi.New(httpapi.Deps{
-		Logger:         log,
-		Pool:           pool,
-		Idempotency:    idempotency.NewExecutor(pool, idempotency.Config{Retention: cfg.Retention(), LockTimeout: cfg.LockTimeout}),
+		Logger: log,
+		Pool:   pool,
+		Idempotency: idempotency.NewExecutor(pool, idempotency.Config{
+			Retention:              cfg.Retention(),
+			LockTimeout:            cfg.LockTimeout,
+			MaxStoredResponseBytes: cfg.MaxStoredResponseBytes,
+			Quota:                  quota,
+		}),
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
 	})
@@ -139,6 +181,33 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+func newSweeper(cfg config.Config, maint *database.Pool) *idempotency.Sweeper {
+	return idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: cfg.SweepChunk, Pause: cfg.SweepPause, Retention: cfg.Retention()})
+}
+
+// sweep deletes expired keys once, for operators and cron, and reports what
+// it did and what in-progress claims it saw.
+func sweep(ctx context.Context, cfg config.Config, stdout io.Writer) error {
+	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout})
+	if err != nil {
+		return err
+	}
+	defer maint.Close()
+	deleted, err := newSweeper(cfg, maint).Sweep(ctx)
+	if err != nil {
+		return err
+	}
+	stale, err := idempotency.InProgress(ctx, maint)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(map[string]any{
+		"deleted":                        deleted,
+		"in_progress":                    stale.Count,
+		"oldest_in_progress_age_seconds": stale.OldestAge.Seconds(),
+	})
 }
 
 // keys runs the key subcommands as the owner role: the service role cannot

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
@@ -56,6 +57,28 @@ func TestKeysCreateAndRevoke(t *testing.T) {
 	require.Error(t, run(ctx, []string{"keys", "revoke", "01a237a6-1ce6-7a98-be43-37d8ff4b5115"}, getenv, &out))
 }
 
+func TestSweepReportsWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, db.AdminURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `
+		INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, response_status, response_body, correlation_id, created_at, expires_at)
+		SELECT gen_random_uuid(), 'POST /v1/payments', 'k' || i, 'completed', sha256(''), 201, '{}', 'req', now() - interval '2 days', now() - interval '1 hour'
+		FROM generate_series(1, 25) i`)
+	require.NoError(t, err)
+
+	var out bytes.Buffer
+	getenv := env(map[string]string{"MAINTENANCE_DATABASE_URL": db.MaintenanceURL, "SWEEP_CHUNK": "10"})
+	require.NoError(t, run(ctx, []string{"sweep"}, getenv, &out))
+	var report map[string]float64
+	require.NoError(t, json.Unmarshal(out.Bytes(), &report))
+	require.EqualValues(t, 25, report["deleted"])
+	require.EqualValues(t, 0, report["in_progress"])
+}
+
 func TestInvalidConfigStopsTheProgram(t *testing.T) {
 	t.Parallel()
 	err := run(context.Background(), []string{"serve"}, env(map[string]string{"LOCK_TIMEOUT": "soon", "DB_MAX_CONNS": "0"}), &bytes.Buffer{})
@@ -76,7 +99,7 @@ func TestServeMigratesAndShutsDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, nil, env(map[string]string{"ADDR": addr, "DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL}), &bytes.Buffer{})
+		done <- run(ctx, nil, env(map[string]string{"ADDR": addr, "DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL, "MAINTENANCE_DATABASE_URL": db.MaintenanceURL}), &bytes.Buffer{})
 	}()
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")

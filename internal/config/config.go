@@ -23,6 +23,9 @@ type Config struct {
 	// migrations and the keys subcommands, never to serve requests
 	// (MIGRATE_DATABASE_URL).
 	MigrateDatabaseURL string
+	// MaintenanceDatabaseURL connects as payments_maintenance, the role that
+	// may delete expired keys and nothing else (MAINTENANCE_DATABASE_URL).
+	MaintenanceDatabaseURL string
 	// MigrateOnStart applies pending migrations when serve starts, creating
 	// the database first if it does not exist (MIGRATE_ON_START).
 	MigrateOnStart bool
@@ -43,6 +46,23 @@ type Config struct {
 	IdempotencyMargin time.Duration
 	// MaxBodyBytes bounds request bodies; larger ones get 413 (MAX_BODY_BYTES).
 	MaxBodyBytes int64
+	// MaxStoredResponseBytes caps a stored response body; a larger one is
+	// stored as a reference and re-derived on replay
+	// (MAX_STORED_RESPONSE_BYTES).
+	MaxStoredResponseBytes int
+	// KeyQuota is the most live idempotency keys per principal; 0 turns
+	// the quota off (IDEMPOTENCY_KEY_QUOTA).
+	KeyQuota int64
+	// QuotaRefresh is how long a principal's key count is cached and how
+	// often claim counts are flushed (IDEMPOTENCY_QUOTA_REFRESH).
+	QuotaRefresh time.Duration
+	// SweepInterval is how often the in-service sweeper runs; 0 turns it
+	// off, for deployments that run `api sweep` from cron (SWEEP_INTERVAL).
+	SweepInterval time.Duration
+	// SweepChunk is the most rows one sweep DELETE removes (SWEEP_CHUNK).
+	SweepChunk int
+	// SweepPause is the wait between chunks (SWEEP_PAUSE).
+	SweepPause time.Duration
 	// RequestTimeout bounds a whole request, database work included
 	// (REQUEST_TIMEOUT).
 	RequestTimeout time.Duration
@@ -55,19 +75,26 @@ type Config struct {
 // Defaults returns the configuration used when no variable is set.
 func Defaults() Config {
 	return Config{
-		Addr:               ":8080",
-		DatabaseURL:        "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateDatabaseURL: "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateOnStart:     true,
-		DBMaxConns:         32,
-		DBAcquireTimeout:   2 * time.Second,
-		LockTimeout:        5 * time.Second,
-		IdempotencyWindow:  24 * time.Hour,
-		IdempotencyMargin:  time.Hour,
-		MaxBodyBytes:       1 << 20,
-		RequestTimeout:     15 * time.Second,
-		ShutdownTimeout:    20 * time.Second,
-		LogLevel:           slog.LevelInfo,
+		Addr:                   ":8080",
+		DatabaseURL:            "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateDatabaseURL:     "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
+		MaintenanceDatabaseURL: "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateOnStart:         true,
+		DBMaxConns:             32,
+		DBAcquireTimeout:       2 * time.Second,
+		LockTimeout:            5 * time.Second,
+		IdempotencyWindow:      24 * time.Hour,
+		IdempotencyMargin:      time.Hour,
+		MaxBodyBytes:           1 << 20,
+		MaxStoredResponseBytes: 64 << 10,
+		KeyQuota:               1_000_000,
+		QuotaRefresh:           5 * time.Second,
+		SweepInterval:          time.Minute,
+		SweepChunk:             1000,
+		SweepPause:             50 * time.Millisecond,
+		RequestTimeout:         15 * time.Second,
+		ShutdownTimeout:        20 * time.Second,
+		LogLevel:               slog.LevelInfo,
 	}
 }
 
@@ -121,6 +148,7 @@ func Load(getenv func(string) string) (Config, error) {
 	str("ADDR", &c.Addr)
 	str("DATABASE_URL", &c.DatabaseURL)
 	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
+	str("MAINTENANCE_DATABASE_URL", &c.MaintenanceDatabaseURL)
 	boolean("MIGRATE_ON_START", &c.MigrateOnStart)
 	integer("DB_MAX_CONNS", 1, 1000, func(n int64) { c.DBMaxConns = int32(n) })
 	dur("DB_ACQUIRE_TIMEOUT", &c.DBAcquireTimeout, time.Millisecond)
@@ -128,6 +156,12 @@ func Load(getenv func(string) string) (Config, error) {
 	dur("IDEMPOTENCY_WINDOW", &c.IdempotencyWindow, time.Minute)
 	dur("IDEMPOTENCY_MARGIN", &c.IdempotencyMargin, 0)
 	integer("MAX_BODY_BYTES", 1024, 64<<20, func(n int64) { c.MaxBodyBytes = n })
+	integer("MAX_STORED_RESPONSE_BYTES", 1, 16<<20, func(n int64) { c.MaxStoredResponseBytes = int(n) })
+	integer("IDEMPOTENCY_KEY_QUOTA", 0, 1<<50, func(n int64) { c.KeyQuota = n })
+	dur("IDEMPOTENCY_QUOTA_REFRESH", &c.QuotaRefresh, 100*time.Millisecond)
+	dur("SWEEP_INTERVAL", &c.SweepInterval, 0)
+	integer("SWEEP_CHUNK", 1, 100_000, func(n int64) { c.SweepChunk = int(n) })
+	dur("SWEEP_PAUSE", &c.SweepPause, 0)
 	dur("REQUEST_TIMEOUT", &c.RequestTimeout, time.Second)
 	dur("SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, time.Second)
 	if v := getenv("LOG_LEVEL"); v != "" {
@@ -135,7 +169,7 @@ func Load(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))
 		}
 	}
-	for name, u := range map[string]string{"DATABASE_URL": c.DatabaseURL, "MIGRATE_DATABASE_URL": c.MigrateDatabaseURL} {
+	for name, u := range map[string]string{"DATABASE_URL": c.DatabaseURL, "MIGRATE_DATABASE_URL": c.MigrateDatabaseURL, "MAINTENANCE_DATABASE_URL": c.MaintenanceDatabaseURL} {
 		if p, err := url.Parse(u); err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
 			errs = append(errs, fmt.Errorf("%s: want a postgres:// URL", name))
 		}
@@ -158,6 +192,7 @@ func (c Config) LogAttrs() []any {
 		slog.String("addr", c.Addr),
 		slog.String("database_url", redact(c.DatabaseURL)),
 		slog.String("migrate_database_url", redact(c.MigrateDatabaseURL)),
+		slog.String("maintenance_database_url", redact(c.MaintenanceDatabaseURL)),
 		slog.Bool("migrate_on_start", c.MigrateOnStart),
 		slog.Int("db_max_conns", int(c.DBMaxConns)),
 		slog.String("db_acquire_timeout", c.DBAcquireTimeout.String()),
@@ -165,6 +200,9 @@ func (c Config) LogAttrs() []any {
 		slog.String("idempotency_window", c.IdempotencyWindow.String()),
 		slog.String("idempotency_margin", c.IdempotencyMargin.String()),
 		slog.Int64("max_body_bytes", c.MaxBodyBytes),
+		slog.Int("max_stored_response_bytes", c.MaxStoredResponseBytes),
+		slog.Int64("idempotency_key_quota", c.KeyQuota),
+		slog.String("sweep_interval", c.SweepInterval.String()),
 		slog.String("request_timeout", c.RequestTimeout.String()),
 	}
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -48,7 +49,18 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 				return idempotency.Outcome{}, err
 			}
 			resp, err := renderJSON(http.StatusCreated, p)
-			return idempotency.Outcome{Response: resp}, err
+			return idempotency.Outcome{Response: resp, ResourceRef: p.ID.String()}, err
+		},
+		Rederive: func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
+			id, err := uuid.Parse(ref)
+			if err != nil {
+				return idempotency.Response{}, fmt.Errorf("stored payment reference %q: %w", ref, err)
+			}
+			p, err := payments.Get(ctx, tx, id)
+			if err != nil {
+				return idempotency.Response{}, err
+			}
+			return renderJSON(http.StatusCreated, p)
 		},
 	})
 }

@@ -82,7 +82,18 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 				return idempotency.Outcome{}, err
 			}
 			resp, err := renderJSON(http.StatusCreated, refund)
-			return idempotency.Outcome{Response: resp}, err
+			return idempotency.Outcome{Response: resp, ResourceRef: refund.ID.String()}, err
+		},
+		Rederive: func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
+			id, err := uuid.Parse(ref)
+			if err != nil {
+				return idempotency.Response{}, fmt.Errorf("stored refund reference %q: %w", ref, err)
+			}
+			refund, err := refunds.Get(ctx, tx, id)
+			if err != nil {
+				return idempotency.Response{}, err
+			}
+			return renderJSON(http.StatusCreated, refund)
 		},
 		// The stored response is shown only while the payment is still the
 		// caller's: row-level security hides it otherwise.

@@ -34,6 +34,8 @@ type options struct {
 	acquireTimeout time.Duration
 	lockTimeout    time.Duration
 	maxBodyBytes   int64
+	maxStored      int    // MaxStoredResponseBytes
+	keyQuota       int64  // 0: no quota
 	databaseURL    string // overrides the test database's service-role URL
 }
 
@@ -44,11 +46,14 @@ type testBundle struct {
 	srv   *httptest.Server
 	admin *pgxpool.Pool // superuser: sees every tenant's rows, for assertions
 	logs  *syncBuffer
+	// quota is nil unless options.keyQuota is set; tests call Flush.
+	quota   *idempotency.Quota
+	sweeper *idempotency.Sweeper
 }
 
 func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	t.Helper()
-	o := options{maxConns: 20, acquireTimeout: 5 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20}
+	o := options{maxConns: 20, acquireTimeout: 5 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10}
 	for _, f := range tweak {
 		f(&o)
 	}
@@ -68,11 +73,21 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	t.Cleanup(admin.Close)
 	b.admin = admin
 
+	maint, err := database.Open(ctx, b.db.MaintenanceURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(maint.Close)
+	b.sweeper = idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: 100, Pause: time.Millisecond, Retention: 25 * time.Hour})
+	if o.keyQuota > 0 {
+		b.quota = idempotency.NewQuota(pool, idempotency.QuotaConfig{Limit: o.keyQuota, Retention: 25 * time.Hour, Refresh: time.Hour})
+	}
+
 	log := slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := httpapi.New(httpapi.Deps{
-		Logger:         log,
-		Pool:           pool,
-		Idempotency:    idempotency.NewExecutor(pool, idempotency.Config{Retention: 25 * time.Hour, LockTimeout: o.lockTimeout}),
+		Logger: log,
+		Pool:   pool,
+		Idempotency: idempotency.NewExecutor(pool, idempotency.Config{
+			Retention: 25 * time.Hour, LockTimeout: o.lockTimeout, MaxStoredResponseBytes: o.maxStored, Quota: b.quota,
+		}),
 		MaxBodyBytes:   o.maxBodyBytes,
 		RequestTimeout: 30 * time.Second,
 	})

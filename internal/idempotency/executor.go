@@ -21,6 +21,10 @@ var (
 	// running and did not finish within the lock timeout. Nothing was
 	// executed; the client should retry later.
 	ErrRequestInProgress = errors.New("a request with this idempotency key is in progress")
+	// ErrQuotaExceeded means the principal holds as many live keys as its
+	// quota allows; an existing key can still be replayed. Nothing was
+	// executed.
+	ErrQuotaExceeded = errors.New("idempotency key quota exceeded")
 )
 
 // Response is what a client receives, stored byte for byte for replays.
@@ -36,6 +40,10 @@ type Response struct {
 type Outcome struct {
 	Response
 	Failed bool
+	// ResourceRef names the resource the response shows (its id). When the
+	// body is larger than Config.MaxStoredResponseBytes, the ref is stored
+	// instead and a replay calls Operation.Rederive with it.
+	ResourceRef string
 }
 
 // Operation is an endpoint's part of the protocol.
@@ -47,6 +55,11 @@ type Operation struct {
 	// Reauthorize, when set, runs before a stored response is replayed, in
 	// the same transaction, to check that the caller may still see it.
 	Reauthorize func(ctx context.Context, tx pgx.Tx) error
+	// Rederive renders the response again from the resource named by ref,
+	// for a replay whose body was too large to store. It must only read:
+	// a replay never executes the request again. The response shows the
+	// resource as it is now, which may differ from the original.
+	Rederive func(ctx context.Context, tx pgx.Tx, ref string) (Response, error)
 }
 
 // Request is one attempt to run an Operation under a key.
@@ -75,6 +88,11 @@ type Config struct {
 	Retention time.Duration
 	// LockTimeout bounds the wait for a concurrent attempt with the same key.
 	LockTimeout time.Duration
+	// MaxStoredResponseBytes caps a stored body; a larger one is stored as
+	// its Outcome.ResourceRef. Zero means no cap.
+	MaxStoredResponseBytes int
+	// Quota, when set, limits the live keys of each principal.
+	Quota *Quota
 }
 
 // Executor runs Operations under idempotency keys.
@@ -88,6 +106,10 @@ type Executor struct {
 func NewExecutor(pool *database.Pool, cfg Config) *Executor {
 	return &Executor{pool: pool, cfg: cfg}
 }
+
+// errResponseTooLarge is a programming error: an endpoint whose responses
+// can exceed the cap must set Outcome.ResourceRef.
+var errResponseTooLarge = errors.New("response over the storage cap and no resource reference to store instead")
 
 // maxClaimAttempts bounds the loop in Do. A second attempt is needed only when
 // the conflicting row vanished between the claim and the lookup.
@@ -105,10 +127,17 @@ const maxClaimAttempts = 3
 //
 // Any error rolls the whole transaction back, claim included.
 func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, error) {
+	allowNew := true
+	if e.cfg.Quota != nil {
+		var err error
+		if allowNew, err = e.cfg.Quota.Allow(ctx, req.Principal); err != nil {
+			return Result{}, err
+		}
+	}
 	var res Result
 	err := database.InTenantTx(ctx, e.pool, req.Principal, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
 		for range maxClaimAttempts {
-			claimed, err := claim(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, e.cfg.Retention, true)
+			claimed, err := claim(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, e.cfg.Retention, allowNew)
 			if database.IsLockTimeout(err) {
 				return ErrRequestInProgress
 			}
@@ -124,7 +153,14 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 				if out.Failed {
 					state = StateFailed
 				}
-				if err := complete(ctx, tx, req.Scope, state, out.Response); err != nil {
+				ref := ""
+				if e.cfg.MaxStoredResponseBytes > 0 && len(out.Body) > e.cfg.MaxStoredResponseBytes {
+					if out.ResourceRef == "" || op.Rederive == nil {
+						return errResponseTooLarge
+					}
+					ref = out.ResourceRef
+				}
+				if err := complete(ctx, tx, req.Scope, state, out.Response, ref); err != nil {
 					return fmt.Errorf("store response: %w", database.Classify(err))
 				}
 				res = Result{Response: out.Response, OriginalRequestID: req.RequestID}
@@ -134,6 +170,9 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 			rec, found, err := lookup(ctx, tx, req.Scope)
 			if err != nil {
 				return fmt.Errorf("look up key: %w", database.Classify(err))
+			}
+			if !found && !allowNew {
+				return ErrQuotaExceeded
 			}
 			if !found {
 				continue
@@ -149,6 +188,14 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 					return err
 				}
 			}
+			if rec.ResourceRef != "" {
+				// Status and content type are stored; only the body is re-rendered.
+				again, err := op.Rederive(ctx, tx, rec.ResourceRef)
+				if err != nil {
+					return fmt.Errorf("re-derive stored response: %w", err)
+				}
+				rec.Response.Body = again.Body
+			}
 			res = Result{Response: rec.Response, Replayed: true, OriginalRequestID: rec.OriginalRequestID}
 			return nil
 		}
@@ -156,6 +203,9 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 	})
 	if err != nil {
 		return Result{}, err
+	}
+	if !res.Replayed && e.cfg.Quota != nil {
+		e.cfg.Quota.Record(req.Principal)
 	}
 	return res, nil
 }

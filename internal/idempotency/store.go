@@ -35,14 +35,25 @@ type record struct {
 	State             State
 	Fingerprint       []byte
 	Response          Response
+	ResourceRef       string // set instead of Response.Body when the body was over the cap
 	OriginalRequestID string
 }
 
 // claimSQL is the whole concurrency control. The INSERT either creates the
 // row (the caller now owns the key and will execute) or conflicts with an
-// existing one and returns nothing. A conflicting row that is still being
-// written by another transaction makes this statement wait on the primary key
-// until that transaction ends (bounded by lock_timeout).
+// existing one. A conflicting row that another transaction is still writing
+// makes this statement wait on the primary key until that transaction ends
+// (bounded by lock_timeout).
+//
+// A conflicting row past its expires_at is outside the published window and
+// counts as absent: DO UPDATE takes it over in this same statement, atomically,
+// so a late retry executes as a new request and never replays a response
+// outside the promise. The sweeper locks rows before deleting them (SKIP
+// LOCKED) and re-checks expires_at, so it never deletes a row taken over here.
+// For a live row the WHERE is false and nothing comes back, as with DO
+// NOTHING, except that the row stays locked (FOR UPDATE) until the
+// transaction ends: a replay's transaction is short, and the lock is what
+// keeps the sweeper away.
 //
 // $7 is false when the principal is over its key quota: then no row is
 // offered for insertion at all, and the caller can still replay an existing
@@ -52,7 +63,11 @@ INSERT INTO idempotency_keys AS k
     (principal_id, endpoint, key, state, fingerprint, correlation_id, expires_at)
 SELECT $1, $2, $3, 'in_progress', $4, $5, now() + $6 * interval '1 millisecond'
 WHERE $7
-ON CONFLICT (principal_id, endpoint, key) DO NOTHING
+ON CONFLICT (principal_id, endpoint, key) DO UPDATE
+    SET state = 'in_progress', fingerprint = EXCLUDED.fingerprint,
+        response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
+        correlation_id = EXCLUDED.correlation_id, created_at = now(), expires_at = EXCLUDED.expires_at
+    WHERE k.expires_at < now()
 RETURNING created_at`
 
 // claim tries to take the key. It reports whether this transaction now owns
@@ -78,11 +93,11 @@ func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
 	var status *int16
 	err := tx.QueryRow(ctx, `
 		SELECT state, fingerprint, response_status, coalesce(response_content_type, ''),
-		       coalesce(response_body, ''::bytea), correlation_id
+		       coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id
 		FROM idempotency_keys
 		WHERE principal_id = $1 AND endpoint = $2 AND key = $3`,
 		s.Principal, s.Endpoint, s.Key).
-		Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.OriginalRequestID)
+		Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return record{}, false, nil
 	}
@@ -95,13 +110,20 @@ func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
 	return r, true, nil
 }
 
-// complete stores the outcome on the claimed row, in the claiming transaction.
-func complete(ctx context.Context, tx pgx.Tx, s Scope, state State, resp Response) error {
+// complete stores the outcome on the claimed row, in the claiming
+// transaction: either the body or, when it is over the cap, ref.
+func complete(ctx context.Context, tx pgx.Tx, s Scope, state State, resp Response, ref string) error {
+	body, refArg := resp.Body, &ref
+	if ref == "" {
+		refArg = nil
+	} else {
+		body = nil
+	}
 	tag, err := tx.Exec(ctx, `
 		UPDATE idempotency_keys
-		SET state = $4, response_status = $5, response_content_type = $6, response_body = $7
+		SET state = $4, response_status = $5, response_content_type = $6, response_body = $7, response_ref = $8
 		WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND state = 'in_progress'`,
-		s.Principal, s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, resp.Body)
+		s.Principal, s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, body, refArg)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,135 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// expire moves a key past its expires_at, as if the window had passed.
+func (b *testBundle) expire(t *testing.T, key string) {
+	t.Helper()
+	_, err := b.admin.Exec(context.Background(),
+		`UPDATE idempotency_keys SET created_at = now() - interval '26 hours', expires_at = now() - interval '1 second' WHERE key = $1`, key)
+	require.NoError(t, err)
+}
+
+// A retry after the window executes as a new request: the expired row is
+// taken over by the claim itself, never replayed.
+func TestRetryAfterTheWindowIsANewRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	first := b.post(t, "/v1/payments", k.Secret, "late", paymentBody)
+	require.Equal(t, http.StatusCreated, first.Status)
+	b.expire(t, "late")
+
+	// Even a different body is accepted: the old record no longer counts.
+	late := b.post(t, "/v1/payments", k.Secret, "late", `{"amount": 5, "currency": "usd"}`)
+	require.Equal(t, http.StatusCreated, late.Status, "body: %s", late.Body)
+	require.Empty(t, late.Header.Get("Idempotent-Replayed"))
+	require.NotEqual(t, decode(t, first.Body)["id"], decode(t, late.Body)["id"])
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM payments`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = 'late' AND expires_at > now() + interval '24 hours'`))
+
+	// And the new record replays as usual.
+	again := b.post(t, "/v1/payments", k.Secret, "late", `{"amount": 5, "currency": "usd"}`)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, late.Body, again.Body)
+}
+
+// A late retry and the sweeper race for the same expired row. Whatever the
+// interleaving, the retry executes exactly once and its new claim survives.
+func TestLateRetryRacingTheSweeper(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	ctx := context.Background()
+
+	const rounds = 40
+	for i := range rounds {
+		key := "race-" + itoa(i)
+		require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", k.Secret, key, paymentBody).Status)
+		b.expire(t, key)
+
+		var wg sync.WaitGroup
+		var retry response
+		wg.Go(func() { retry = b.post(t, "/v1/payments", k.Secret, key, paymentBody) })
+		wg.Go(func() {
+			if _, err := b.sweeper.Sweep(ctx); err != nil {
+				t.Errorf("sweep: %v", err)
+			}
+		})
+		wg.Wait()
+
+		require.Equal(t, http.StatusCreated, retry.Status, "round %d: %s", i, retry.Body)
+		require.Empty(t, retry.Header.Get("Idempotent-Replayed"), "round %d: an expired response was replayed", i)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND expires_at > now()`, key),
+			"round %d: the new claim was lost", i)
+		// A sweep after the race must not touch the new, live claim either.
+		_, err := b.sweeper.Sweep(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = $1`, key))
+	}
+	require.Equal(t, 2*rounds, b.count(t, `SELECT count(*) FROM payments`), "each key paid once before and once after expiry")
+}
+
+func TestKeyQuota(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.keyQuota = 3 })
+	k := b.newKey(t, "acme", allScopes...)
+	other := b.newKey(t, "globex", allScopes...)
+
+	for i := range 3 {
+		require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", k.Secret, "q"+itoa(i), paymentBody).Status)
+	}
+	r := b.post(t, "/v1/payments", k.Secret, "q3", paymentBody)
+	requireProblem(t, r, http.StatusTooManyRequests, "idempotency-key-quota-exceeded")
+	require.NotEmpty(t, r.Header.Get("Retry-After"))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM payments`))
+
+	// Existing keys still replay, and other principals are unaffected.
+	require.Equal(t, "true", b.post(t, "/v1/payments", k.Secret, "q0", paymentBody).Header.Get("Idempotent-Replayed"))
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", other.Secret, "q3", paymentBody).Status)
+
+	// Counts reach the table on flush, where other instances read them.
+	require.NoError(t, b.quota.Flush(context.Background()))
+	require.Equal(t, 3, b.count(t, `SELECT claims::int FROM idempotency_key_usage WHERE principal_id = $1`, k.PrincipalID))
+}
+
+// With a tiny cap, the response is stored as a reference and re-derived on
+// replay: the same bytes while the payment is unchanged, its current state
+// once it has changed. The request is never executed twice.
+func TestLargeResponsesAreStoredAsReferences(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxStored = 10 })
+	k := b.newKey(t, "acme", allScopes...)
+
+	first := b.post(t, "/v1/payments", k.Secret, "big", paymentBody)
+	require.Equal(t, http.StatusCreated, first.Status)
+	var ref string
+	var bodyIsNull bool
+	require.NoError(t, b.admin.QueryRow(context.Background(),
+		`SELECT response_ref, response_body IS NULL FROM idempotency_keys WHERE key = 'big'`).Scan(&ref, &bodyIsNull))
+	require.True(t, bodyIsNull)
+	id := decode(t, first.Body)["id"].(string)
+	require.Equal(t, id, ref)
+
+	again := b.post(t, "/v1/payments", k.Secret, "big", paymentBody)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.Status, again.Status)
+	require.Equal(t, first.Body, again.Body)
+
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`).Status)
+	later := b.post(t, "/v1/payments", k.Secret, "big", paymentBody)
+	require.Equal(t, http.StatusCreated, later.Status)
+	require.EqualValues(t, 100, decode(t, later.Body)["amount_refunded"], "a re-derived replay shows the payment as it is now")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
+
+	refundReplay := b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	require.Equal(t, "true", refundReplay.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`))
+}

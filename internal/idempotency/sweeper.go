@@ -1,0 +1,165 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// SweeperLockID is the advisory lock that keeps sweeps of one database to one
+// at a time, whatever the number of service instances. Any constant works;
+// this one spells "idemswp" in ASCII.
+const SweeperLockID int64 = 0x6964656d737770
+
+// ErrSweepBusy means another sweeper holds the lock; this one did nothing.
+var ErrSweepBusy = errors.New("another sweeper is running")
+
+// sweepChunkSQL deletes at most $1 expired rows, oldest first, through the
+// expires_at index. The inner SELECT locks the rows it picks and skips rows
+// that are locked: those are being taken over by a late retry right now.
+// The outer WHERE checks expires_at again, so a row that a retry took over
+// (and gave a new expires_at) between the pick and the delete survives.
+// Row-level security adds the same condition a third time for this role.
+const sweepChunkSQL = `
+DELETE FROM idempotency_keys k
+USING (
+    SELECT principal_id, endpoint, key
+    FROM idempotency_keys
+    WHERE expires_at < now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+) expired
+WHERE k.principal_id = expired.principal_id
+  AND k.endpoint = expired.endpoint
+  AND k.key = expired.key
+  AND k.expires_at < now()`
+
+// SweeperConfig bounds a sweep.
+type SweeperConfig struct {
+	// Chunk is the most rows one DELETE removes (and one transaction holds
+	// locked).
+	Chunk int
+	// Pause is the wait between chunks, leaving I/O and WAL bandwidth to
+	// requests.
+	Pause time.Duration
+	// Retention is how long keys live, the window plus the margin; usage
+	// buckets older than that are deleted too.
+	Retention time.Duration
+}
+
+// Sweeper deletes expired keys in bounded chunks.
+type Sweeper struct {
+	pool *database.Pool
+	cfg  SweeperConfig
+	// OnSweep, when set, is called after every sweep that ran.
+	OnSweep func(deleted int64)
+}
+
+// NewSweeper returns a sweeper on pool, which must connect as the
+// maintenance role: the only role allowed to delete keys, and only expired
+// ones.
+func NewSweeper(pool *database.Pool, cfg SweeperConfig) *Sweeper {
+	return &Sweeper{pool: pool, cfg: cfg}
+}
+
+// Sweep deletes every row that is expired when it starts, chunk by chunk,
+// and returns how many it deleted. It returns ErrSweepBusy at once when
+// another sweeper (in this or another process) is running.
+func (s *Sweeper) Sweep(ctx context.Context) (int64, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Release()
+
+	// A session-level lock held on this connection for the whole sweep; each
+	// chunk commits on its own, so no transaction stays open between chunks.
+	var locked bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, SweeperLockID).Scan(&locked); err != nil {
+		return 0, fmt.Errorf("sweeper lock: %w", database.Classify(err))
+	}
+	if !locked {
+		return 0, ErrSweepBusy
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, SweeperLockID); err != nil {
+			// The lock must not outlive the sweep on a pooled connection.
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+
+	var total int64
+	for {
+		tag, err := conn.Exec(ctx, sweepChunkSQL, s.cfg.Chunk)
+		if err != nil {
+			return total, fmt.Errorf("sweep chunk: %w", database.Classify(err))
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(s.cfg.Chunk) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(s.cfg.Pause):
+		}
+	}
+	// Usage buckets are few (one per principal per hour); one statement.
+	if _, err := conn.Exec(ctx, `DELETE FROM idempotency_key_usage WHERE bucket < $1`,
+		time.Now().Add(-s.cfg.Retention-time.Hour).UTC().Truncate(time.Hour)); err != nil {
+		return total, fmt.Errorf("sweep usage buckets: %w", database.Classify(err))
+	}
+	if s.OnSweep != nil {
+		s.OnSweep(total)
+	}
+	return total, nil
+}
+
+// Run sweeps every interval until ctx ends. Errors go to onError; a busy
+// lock is not an error (another instance is sweeping).
+func (s *Sweeper) Run(ctx context.Context, interval time.Duration, onError func(error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := s.Sweep(ctx); err != nil && !errors.Is(err, ErrSweepBusy) && ctx.Err() == nil {
+			onError(err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// StaleClaims describes committed in_progress rows. In this service a claim
+// commits together with its outcome, so Count should always be 0; a non-zero
+// count means an endpoint commits claims before finishing its work, and
+// OldestAge says how long the oldest has been waiting.
+type StaleClaims struct {
+	Count     int64
+	OldestAge time.Duration
+}
+
+// InProgress reads StaleClaims through the partial index on in_progress
+// rows, which costs nothing while the index is empty.
+func InProgress(ctx context.Context, pool *database.Pool) (StaleClaims, error) {
+	var sc StaleClaims
+	var ageSeconds float64
+	err := pool.WithConn(ctx, func(c database.DBTX) error {
+		return c.QueryRow(ctx, `
+			SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+			FROM idempotency_keys WHERE state = 'in_progress'`).Scan(&sc.Count, &ageSeconds)
+	})
+	if err != nil {
+		return StaleClaims{}, fmt.Errorf("count in-progress keys: %w", database.Classify(err))
+	}
+	sc.OldestAge = time.Duration(ageSeconds * float64(time.Second))
+	return sc, nil
+}

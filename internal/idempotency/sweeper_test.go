@@ -1,0 +1,142 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type sweepBundle struct {
+	admin   *pgxpool.Pool
+	maint   *database.Pool
+	sweeper *idempotency.Sweeper
+}
+
+func setupSweep(t *testing.T, chunk int) *sweepBundle {
+	t.Helper()
+	db := testdb.New(t)
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, db.AdminURL)
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	maint, err := database.Open(ctx, db.MaintenanceURL, database.PoolConfig{MaxConns: 4, AcquireTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(maint.Close)
+	return &sweepBundle{admin: admin, maint: maint,
+		sweeper: idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: chunk, Pause: time.Millisecond, Retention: 25 * time.Hour})}
+}
+
+// insertKeys adds n completed keys whose expires_at is offset from now.
+func (b *sweepBundle) insertKeys(t *testing.T, prefix string, n int, offset time.Duration) {
+	t.Helper()
+	_, err := b.admin.Exec(context.Background(), `
+		INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, response_status, response_content_type, response_body, correlation_id, created_at, expires_at)
+		SELECT gen_random_uuid(), 'POST /v1/payments', $1 || i, 'completed', sha256(''), 201, 'application/json', '{}', 'req',
+		       now() + $3 * interval '1 millisecond' - interval '25 hours', now() + $3 * interval '1 millisecond' - (i % 100) * interval '1 second'
+		FROM generate_series(1, $2) i`, prefix, n, offset.Milliseconds())
+	require.NoError(t, err)
+}
+
+func (b *sweepBundle) count(t *testing.T, where string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE `+where).Scan(&n))
+	return n
+}
+
+func TestSweepDeletesExactlyTheExpiredRows(t *testing.T) {
+	t.Parallel()
+	b := setupSweep(t, 1000)
+	b.insertKeys(t, "expired-", 20_000, -time.Minute)
+	b.insertKeys(t, "live-", 1_000, time.Hour)
+
+	deleted, err := b.sweeper.Sweep(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 20_000, deleted)
+	require.Equal(t, 1_000, b.count(t, "true"))
+	require.Equal(t, 1_000, b.count(t, "key LIKE 'live-%' AND expires_at > now()"))
+}
+
+func TestOnlyOneSweeperRunsAtATime(t *testing.T) {
+	t.Parallel()
+	b := setupSweep(t, 500)
+	b.insertKeys(t, "expired-", 5_000, -time.Minute)
+	ctx := context.Background()
+
+	// Another instance holds the sweeper lock: this one does nothing.
+	holder, err := b.maint.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, idempotency.SweeperLockID)
+	require.NoError(t, err)
+	_, err = b.sweeper.Sweep(ctx)
+	require.ErrorIs(t, err, idempotency.ErrSweepBusy)
+	require.Equal(t, 5_000, b.count(t, "true"))
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, idempotency.SweeperLockID)
+	require.NoError(t, err)
+
+	// Two sweepers started together: between them every expired row is
+	// deleted once, and whichever lost the lock reports that it was busy.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var total int64
+	for range 2 {
+		wg.Go(func() {
+			n, err := b.sweeper.Sweep(ctx)
+			if err != nil && !errors.Is(err, idempotency.ErrSweepBusy) {
+				t.Errorf("sweep: %v", err)
+			}
+			mu.Lock()
+			total += n
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 5_000, total)
+	require.Equal(t, 0, b.count(t, "true"))
+}
+
+// The sweeper can never delete a live row: even a hand-written DELETE as the
+// maintenance role is limited to expired rows by row-level security.
+func TestSweeperRoleCannotDeleteLiveRows(t *testing.T) {
+	t.Parallel()
+	b := setupSweep(t, 1000)
+	b.insertKeys(t, "live-", 100, time.Hour)
+	ctx := context.Background()
+	err := b.maint.WithConn(ctx, func(c database.DBTX) error {
+		tag, err := c.Exec(ctx, `DELETE FROM idempotency_keys`)
+		require.Zero(t, tag.RowsAffected())
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, 100, b.count(t, "true"))
+}
+
+func TestInProgressReportsStaleClaims(t *testing.T) {
+	t.Parallel()
+	b := setupSweep(t, 1000)
+	ctx := context.Background()
+	sc, err := idempotency.InProgress(ctx, b.maint)
+	require.NoError(t, err)
+	require.Zero(t, sc.Count)
+
+	_, err = b.admin.Exec(ctx, `
+		INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, created_at, expires_at)
+		VALUES (gen_random_uuid(), 'POST /v1/payments', 'stuck', 'in_progress', sha256(''), 'req', now() - interval '90 seconds', now() + interval '1 day')`)
+	require.NoError(t, err)
+	sc, err = idempotency.InProgress(ctx, b.maint)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, sc.Count)
+	require.InDelta(t, 90, sc.OldestAge.Seconds(), 30)
+}
