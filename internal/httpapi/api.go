@@ -46,6 +46,7 @@ func New(d Deps) http.Handler {
 
 	r.Get("/healthz", a.healthz)
 	r.Get("/readyz", a.readyz)
+	mountDocs(r)
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(authenticate(a.pool, a.log))
 		r.Mount("/payments", a.paymentRoutes())

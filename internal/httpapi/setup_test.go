@@ -41,11 +41,12 @@ type options struct {
 
 // testBundle is a running API on its own database.
 type testBundle struct {
-	db    testdb.DB
-	pool  *database.Pool
-	srv   *httptest.Server
-	admin *pgxpool.Pool // superuser: sees every tenant's rows, for assertions
-	logs  *syncBuffer
+	db      testdb.DB
+	pool    *database.Pool
+	srv     *httptest.Server
+	handler http.Handler
+	admin   *pgxpool.Pool // superuser: sees every tenant's rows, for assertions
+	logs    *syncBuffer
 	// quota is nil unless options.keyQuota is set; tests call Flush.
 	quota   *idempotency.Quota
 	sweeper *idempotency.Sweeper
@@ -91,6 +92,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		MaxBodyBytes:   o.maxBodyBytes,
 		RequestTimeout: 30 * time.Second,
 	})
+	b.handler = h
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
 	return b
@@ -125,6 +127,9 @@ type response struct {
 // call is one request; zero fields are not sent.
 type call struct {
 	method, path, secret, key, body, contentType string
+	// offSpec marks a request the spec cannot describe (an unknown path, a
+	// method the path does not have); its response is not contract-checked.
+	offSpec bool
 }
 
 func (b *testBundle) do(t *testing.T, c call) response {
@@ -148,7 +153,11 @@ func (b *testBundle) do(t *testing.T, c call) response {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return response{Status: resp.StatusCode, Header: resp.Header, Body: body}
+	r := response{Status: resp.StatusCode, Header: resp.Header, Body: body}
+	if !c.offSpec {
+		checkContract(t, req, r)
+	}
+	return r
 }
 
 func (b *testBundle) post(t *testing.T, path, secret, key, body string) response {

@@ -1,0 +1,124 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/go-chi/chi/v5"
+	"github.com/stretchr/testify/require"
+
+	idempotentpayments "github.com/payments-reference/idempotent-payments"
+)
+
+// The contract check: every response any test in this package receives
+// through testBundle.do is validated against openapi.yaml, status codes
+// included. A response the spec does not describe fails the test that got it.
+
+var (
+	specOnce   sync.Once
+	specDoc    *openapi3.T
+	specRouter routers.Router
+	specErr    error
+)
+
+func loadSpec() (*openapi3.T, routers.Router, error) {
+	specOnce.Do(func() {
+		openapi3filter.RegisterBodyDecoder("application/problem+json", openapi3filter.JSONBodyDecoder)
+		doc, err := openapi3.NewLoader().LoadFromData(idempotentpayments.OpenAPI)
+		if err != nil {
+			specErr = fmt.Errorf("load openapi.yaml: %w", err)
+			return
+		}
+		if err := doc.Validate(context.Background()); err != nil {
+			specErr = fmt.Errorf("openapi.yaml is invalid: %w", err)
+			return
+		}
+		// Match any host: the tests' servers listen on random ports.
+		doc.Servers = openapi3.Servers{{URL: "/"}}
+		specDoc = doc
+		specRouter, specErr = gorillamux.NewRouter(doc)
+	})
+	return specDoc, specRouter, specErr
+}
+
+// checkContract validates one exchange against the spec.
+func checkContract(t *testing.T, req *http.Request, r response) {
+	t.Helper()
+	_, router, err := loadSpec()
+	require.NoError(t, err)
+	route, params, err := router.FindRoute(req)
+	require.NoError(t, err, "%s %s is not in openapi.yaml", req.Method, req.URL.Path)
+	in := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route},
+		Status:                 r.Status,
+		Header:                 r.Header,
+		Body:                   io.NopCloser(bytes.NewReader(r.Body)),
+		Options:                &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
+	}
+	require.NoError(t, openapi3filter.ValidateResponse(context.Background(), in),
+		"%s %s -> %d does not match openapi.yaml; body: %s", req.Method, req.URL.Path, r.Status, r.Body)
+}
+
+func TestSpecIsValid(t *testing.T) {
+	t.Parallel()
+	doc, _, err := loadSpec()
+	require.NoError(t, err)
+	window := doc.Extensions["x-idempotency"].(map[string]any)["window"]
+	require.Equal(t, "PT24H", window, "the published retry window")
+}
+
+// Every route the router serves is in the spec, and every path and method in
+// the spec is served.
+func TestSpecAndRouterAgree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var served []string
+	err := chi.Walk(b.handler.(chi.Routes), func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		if route != "/" {
+			route = strings.TrimSuffix(route, "/")
+		}
+		served = append(served, method+" "+strings.ReplaceAll(route, "/*", ""))
+		return nil
+	})
+	require.NoError(t, err)
+	doc, _, err := loadSpec()
+	require.NoError(t, err)
+	var documented []string
+	for path, item := range doc.Paths.Map() {
+		for method := range item.Operations() {
+			documented = append(documented, method+" "+path)
+		}
+	}
+	slices.Sort(served)
+	slices.Sort(documented)
+	require.Equal(t, documented, served)
+}
+
+func TestServesTheSpecAndItsReferencePage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	spec := b.get(t, "/openapi.yaml", "")
+	require.Equal(t, http.StatusOK, spec.Status)
+	require.Equal(t, idempotentpayments.OpenAPI, spec.Body)
+
+	page := b.get(t, "/docs", "")
+	require.Equal(t, http.StatusOK, page.Status)
+	require.Contains(t, string(page.Body), `spec-url="/openapi.yaml"`)
+	require.Contains(t, string(page.Body), `src="/docs/redoc.standalone.js"`)
+	require.NotContains(t, string(page.Body), "cdn", "no CDN at run time")
+
+	script := b.get(t, "/docs/redoc.standalone.js", "")
+	require.Equal(t, http.StatusOK, script.Status)
+	require.Greater(t, len(script.Body), 100_000)
+}
