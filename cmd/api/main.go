@@ -26,14 +26,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/config"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/telemetry"
 )
 
 func main() {
@@ -68,7 +71,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	switch cmd {
 	case "serve":
-		return serve(ctx, cfg, log)
+		return serve(ctx, cfg, log, getenv)
 	case "migrate":
 		if len(args) != 1 || args[0] != "up" {
 			return errors.New(usage)
@@ -100,7 +103,7 @@ func migrateUp(ctx context.Context, cfg config.Config) error {
 	return database.Migrate(ctx, cfg.MigrateDatabaseURL)
 }
 
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string) error {
 	log.Info("starting", cfg.LogAttrs()...)
 	if cfg.MigrateOnStart {
 		if err := migrateUp(ctx, cfg); err != nil {
@@ -108,7 +111,19 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		}
 		log.Info("migrations applied")
 	}
-	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout})
+	tel, err := telemetry.Setup(ctx, "idempotent-payments", getenv)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			log.Error("telemetry shutdown", "error", err)
+		}
+	}()
+	sqlTracer := otelpgx.NewTracer(otelpgx.WithTracerProvider(tel.TracerProvider), otelpgx.WithMeterProvider(tel.MeterProvider))
+	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout, Tracer: sqlTracer})
 	if err != nil {
 		return err
 	}
@@ -118,6 +133,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer maint.Close()
+	if err := idempotency.RegisterStoreMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
+		return err
+	}
 
 	// Background work stops after the server has drained its requests, so
 	// the quota's final flush includes their claims, and before the pools
@@ -135,25 +153,38 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			quota.Run(bg, func(err error) { log.Error("key quota flush failed", "error", err) })
 		})
 	}
+	sweeper, err := newSweeper(cfg, maint, tel.MeterProvider)
+	if err != nil {
+		return err
+	}
 	if cfg.SweepInterval > 0 {
-		sweeper := newSweeper(cfg, maint)
 		sweeper.OnSweep = func(deleted int64) { log.Info("swept expired idempotency keys", "deleted", deleted) }
 		background.Go(func() {
 			sweeper.Run(bg, cfg.SweepInterval, func(err error) { log.Error("sweep failed", "error", err) })
 		})
 	}
 
+	executor, err := idempotency.NewExecutor(pool, idempotency.Config{
+		Retention:              cfg.Retention(),
+		LockTimeout:            cfg.LockTimeout,
+		MaxStoredResponseBytes: cfg.MaxStoredResponseBytes,
+		Quota:                  quota,
+		TracerProvider:         tel.TracerProvider,
+		MeterProvider:          tel.MeterProvider,
+	})
+	if err != nil {
+		return err
+	}
 	handler := httpapi.New(httpapi.Deps{
-		Logger: log,
-		Pool:   pool,
-		Idempotency: idempotency.NewExecutor(pool, idempotency.Config{
-			Retention:              cfg.Retention(),
-			LockTimeout:            cfg.LockTimeout,
-			MaxStoredResponseBytes: cfg.MaxStoredResponseBytes,
-			Quota:                  quota,
-		}),
+		Logger:         log,
+		Pool:           pool,
+		Idempotency:    executor,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
+		TracerProvider: tel.TracerProvider,
+		MeterProvider:  tel.MeterProvider,
+		Propagator:     tel.Propagator,
+		ServerTiming:   cfg.ServerTiming,
 	})
 	srv := &http.Server{
 		Addr:              cfg.Addr,
@@ -165,9 +196,15 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("listening", "addr", cfg.Addr)
+	if cfg.MetricsAddr != "off" {
+		metricsSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(tel), ReadHeaderTimeout: 5 * time.Second}
+		go func() { errc <- metricsSrv.ListenAndServe() }()
+		defer metricsSrv.Close()
+		log.Info("serving metrics", "addr", cfg.MetricsAddr, "path", "/metrics")
+	}
 
 	select {
 	case err := <-errc:
@@ -183,8 +220,17 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	return nil
 }
 
-func newSweeper(cfg config.Config, maint *database.Pool) *idempotency.Sweeper {
-	return idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: cfg.SweepChunk, Pause: cfg.SweepPause, Retention: cfg.Retention()})
+func newSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider) (*idempotency.Sweeper, error) {
+	return idempotency.NewSweeper(maint, idempotency.SweeperConfig{
+		Chunk: cfg.SweepChunk, Pause: cfg.SweepPause, Retention: cfg.Retention(), MeterProvider: mp,
+	})
+}
+
+// metricsMux serves /metrics only; it listens apart from the API.
+func metricsMux(tel *telemetry.Telemetry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", tel.MetricsHandler)
+	return mux
 }
 
 // sweep deletes expired keys once, for operators and cron, and reports what
@@ -195,7 +241,11 @@ func sweep(ctx context.Context, cfg config.Config, stdout io.Writer) error {
 		return err
 	}
 	defer maint.Close()
-	deleted, err := newSweeper(cfg, maint).Sweep(ctx)
+	sweeper, err := newSweeper(cfg, maint, nil)
+	if err != nil {
+		return err
+	}
+	deleted, err := sweeper.Sweep(ctx)
 	if err != nil {
 		return err
 	}

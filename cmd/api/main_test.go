@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -86,21 +87,19 @@ func TestInvalidConfigStopsTheProgram(t *testing.T) {
 	require.ErrorContains(t, err, "DB_MAX_CONNS")
 }
 
-// serve migrates, listens, answers, and stops cleanly when its context ends
-// (as on SIGTERM).
-func TestServeMigratesAndShutsDown(t *testing.T) {
+// serve migrates, listens, answers, exposes its metrics under the names
+// Prometheus users query, and stops cleanly when its context ends (SIGTERM).
+func TestServe(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-
+	addr, metricsAddr := freeAddr(t), freeAddr(t)
+	getenv := env(map[string]string{
+		"ADDR": addr, "METRICS_ADDR": metricsAddr, "SERVER_TIMING": "true",
+		"DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL, "MAINTENANCE_DATABASE_URL": db.MaintenanceURL,
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, nil, env(map[string]string{"ADDR": addr, "DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL, "MAINTENANCE_DATABASE_URL": db.MaintenanceURL}), &bytes.Buffer{})
-	}()
+	go func() { done <- run(ctx, nil, getenv, &bytes.Buffer{}) }()
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
@@ -109,6 +108,38 @@ func TestServeMigratesAndShutsDown(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}, 10*time.Second, 20*time.Millisecond)
+
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write"}, getenv, &out))
+	var key struct{ Secret string }
+	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1, "currency": "usd"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+key.Secret)
+	req.Header.Set("Idempotency-Key", "k")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Contains(t, resp.Header.Get("Server-Timing"), "claim;dur=")
+
+	resp, err = http.Get("http://" + metricsAddr + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	for _, name := range []string{
+		`idempotency_requests_total{endpoint="POST /v1/payments",outcome="claimed"`,
+		`idempotency_claim_duration_seconds_bucket{endpoint="POST /v1/payments"`,
+		"idempotency_keys_rows", "idempotency_keys_bytes", "idempotency_oldest_live_key_age_seconds",
+		"idempotency_in_progress_rows", "idempotency_oldest_in_progress_age_seconds",
+		"idempotency_sweeper_deleted_rows_total", "idempotency_sweeper_last_run_timestamp_seconds",
+		"http_server_request_duration_seconds", `http_route="/v1/payments"`,
+	} {
+		require.Contains(t, string(body), name)
+	}
+
 	cancel()
 	select {
 	case err := <-done:
@@ -116,4 +147,13 @@ func TestServeMigratesAndShutsDown(t *testing.T) {
 	case <-time.After(25 * time.Second):
 		t.Fatal("serve did not stop after its context ended")
 	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
 }

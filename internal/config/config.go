@@ -16,6 +16,12 @@ import (
 type Config struct {
 	// Addr is where the API listens (ADDR).
 	Addr string
+	// MetricsAddr is where /metrics is served, apart from the API so that
+	// it is never exposed with it (METRICS_ADDR; "off" turns it off).
+	MetricsAddr string
+	// ServerTiming adds Server-Timing: claim;dur=<ms> to idempotent
+	// responses (SERVER_TIMING).
+	ServerTiming bool
 	// DatabaseURL connects as the service role, which row-level security
 	// applies to (DATABASE_URL).
 	DatabaseURL string
@@ -146,6 +152,8 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 
 	str("ADDR", &c.Addr)
+	str("METRICS_ADDR", &c.MetricsAddr)
+	boolean("SERVER_TIMING", &c.ServerTiming)
 	str("DATABASE_URL", &c.DatabaseURL)
 	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
 	str("MAINTENANCE_DATABASE_URL", &c.MaintenanceDatabaseURL)
@@ -190,6 +198,8 @@ func (c Config) Retention() time.Duration { return c.IdempotencyWindow + c.Idemp
 func (c Config) LogAttrs() []any {
 	return []any{
 		slog.String("addr", c.Addr),
+		slog.String("metrics_addr", c.MetricsAddr),
+		slog.Bool("server_timing", c.ServerTiming),
 		slog.String("database_url", redact(c.DatabaseURL)),
 		slog.String("migrate_database_url", redact(c.MigrateDatabaseURL)),
 		slog.String("maintenance_database_url", redact(c.MaintenanceDatabaseURL)),

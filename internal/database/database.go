@@ -32,6 +32,8 @@ type PoolConfig struct {
 	MaxConns int32
 	// AcquireTimeout bounds how long a request waits for a free connection.
 	AcquireTimeout time.Duration
+	// Tracer, when set, traces every statement (otelpgx in production).
+	Tracer pgx.QueryTracer
 }
 
 // Pool is a pgx pool whose every use waits a bounded time for a connection.
@@ -50,6 +52,9 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*Pool, error) {
 		return nil, fmt.Errorf("parse database url: %w", err)
 	}
 	pc.MaxConns = cfg.MaxConns
+	if cfg.Tracer != nil {
+		pc.ConnConfig.Tracer = cfg.Tracer
+	}
 	// Without a connect timeout a request for an unreachable host would hang
 	// until its context ends; with one it fails fast and maps to 503.
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > cfg.AcquireTimeout {

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
@@ -26,6 +29,15 @@ type Deps struct {
 	MaxBodyBytes int64
 	// RequestTimeout bounds each request's work.
 	RequestTimeout time.Duration
+	// TracerProvider, MeterProvider and Propagator instrument every request
+	// (server spans and otelhttp's metrics); nil means no telemetry.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	Propagator     propagation.TextMapPropagator
+	// ServerTiming adds "Server-Timing: claim;dur=<ms>" to idempotent
+	// responses, for the load test. Off by default: it tells clients how
+	// long a statement took.
+	ServerTiming bool
 }
 
 type api struct {
@@ -33,14 +45,15 @@ type api struct {
 	pool         *database.Pool
 	idem         *idempotency.Executor
 	maxBodyBytes int64
+	serverTiming bool
 }
 
 // New returns the API's handler.
 func New(d Deps) http.Handler {
-	a := &api{log: d.Logger, pool: d.Pool, idem: d.Idempotency, maxBodyBytes: d.MaxBodyBytes}
+	a := &api{log: d.Logger, pool: d.Pool, idem: d.Idempotency, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming}
 
 	r := chi.NewRouter()
-	r.Use(requestID, accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout))
+	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout))
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errMethodNotAllowed) })
 

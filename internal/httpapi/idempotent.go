@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -48,6 +49,9 @@ func (a *api) runIdempotent(w http.ResponseWriter, r *http.Request, req idempote
 	if res.Replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 		w.Header().Set("X-Original-Request-Id", res.OriginalRequestID)
+	}
+	if a.serverTiming {
+		w.Header().Set("Server-Timing", fmt.Sprintf("claim;dur=%.3f", float64(res.ClaimDuration.Microseconds())/1000))
 	}
 	writeResponse(w, res.Response)
 }

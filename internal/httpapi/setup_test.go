@@ -15,9 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
@@ -34,8 +39,9 @@ type options struct {
 	acquireTimeout time.Duration
 	lockTimeout    time.Duration
 	maxBodyBytes   int64
-	maxStored      int    // MaxStoredResponseBytes
-	keyQuota       int64  // 0: no quota
+	maxStored      int   // MaxStoredResponseBytes
+	keyQuota       int64 // 0: no quota
+	serverTiming   bool
 	databaseURL    string // overrides the test database's service-role URL
 }
 
@@ -50,6 +56,9 @@ type testBundle struct {
 	// quota is nil unless options.keyQuota is set; tests call Flush.
 	quota   *idempotency.Quota
 	sweeper *idempotency.Sweeper
+	// spans and metrics record what the service reported.
+	spans   *tracetest.SpanRecorder
+	metrics *sdkmetric.ManualReader
 }
 
 func setup(t *testing.T, tweak ...func(*options)) *testBundle {
@@ -59,12 +68,15 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		f(&o)
 	}
 	ctx := context.Background()
-	b := &testBundle{db: testdb.New(t), logs: &syncBuffer{}}
+	b := &testBundle{db: testdb.New(t), logs: &syncBuffer{}, spans: tracetest.NewSpanRecorder(), metrics: sdkmetric.NewManualReader()}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b.spans))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(b.metrics))
 	url := b.db.AppURL
 	if o.databaseURL != "" {
 		url = o.databaseURL
 	}
-	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout})
+	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout,
+		Tracer: otelpgx.NewTracer(otelpgx.WithTracerProvider(tp))})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	b.pool = pool
@@ -77,18 +89,28 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	maint, err := database.Open(ctx, b.db.MaintenanceURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(maint.Close)
-	b.sweeper = idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: 100, Pause: time.Millisecond, Retention: 25 * time.Hour})
+	b.sweeper, err = idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: 100, Pause: time.Millisecond, Retention: 25 * time.Hour, MeterProvider: mp})
+	require.NoError(t, err)
 	if o.keyQuota > 0 {
 		b.quota = idempotency.NewQuota(pool, idempotency.QuotaConfig{Limit: o.keyQuota, Retention: 25 * time.Hour, Refresh: time.Hour})
 	}
 
+	require.NoError(t, idempotency.RegisterStoreMetrics(mp, maint, 0))
+	executor, err := idempotency.NewExecutor(pool, idempotency.Config{
+		Retention: 25 * time.Hour, LockTimeout: o.lockTimeout, MaxStoredResponseBytes: o.maxStored, Quota: b.quota,
+		TracerProvider: tp, MeterProvider: mp,
+	})
+	require.NoError(t, err)
+
 	log := slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := httpapi.New(httpapi.Deps{
-		Logger: log,
-		Pool:   pool,
-		Idempotency: idempotency.NewExecutor(pool, idempotency.Config{
-			Retention: 25 * time.Hour, LockTimeout: o.lockTimeout, MaxStoredResponseBytes: o.maxStored, Quota: b.quota,
-		}),
+		Logger:         log,
+		Pool:           pool,
+		Idempotency:    executor,
+		TracerProvider: tp,
+		MeterProvider:  mp,
+		Propagator:     propagation.TraceContext{},
+		ServerTiming:   o.serverTiming,
 		MaxBodyBytes:   o.maxBodyBytes,
 		RequestTimeout: 30 * time.Second,
 	})
@@ -127,6 +149,7 @@ type response struct {
 // call is one request; zero fields are not sent.
 type call struct {
 	method, path, secret, key, body, contentType string
+	header                                       http.Header // sent as well
 	// offSpec marks a request the spec cannot describe (an unknown path, a
 	// method the path does not have); its response is not contract-checked.
 	offSpec bool
@@ -136,6 +159,9 @@ func (b *testBundle) do(t *testing.T, c call) response {
 	t.Helper()
 	req, err := http.NewRequest(c.method, b.srv.URL+c.path, strings.NewReader(c.body))
 	require.NoError(t, err)
+	for k, v := range c.header {
+		req.Header[k] = v
+	}
 	if c.secret != "" {
 		req.Header.Set("Authorization", "Bearer "+c.secret)
 	}

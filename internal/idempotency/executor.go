@@ -8,6 +8,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 )
@@ -79,9 +86,12 @@ type Result struct {
 	// OriginalRequestID is the request id of the attempt that produced
 	// Response; it equals the Request's own id when not Replayed.
 	OriginalRequestID string
+	// ClaimDuration is how long the claim statement took, waiting for a
+	// concurrent duplicate included.
+	ClaimDuration time.Duration
 }
 
-// Config sets the executor's bounds.
+// Config sets the executor's bounds and instruments.
 type Config struct {
 	// Retention is how long a key is kept after its claim: the published
 	// retry window plus a safety margin.
@@ -93,19 +103,58 @@ type Config struct {
 	MaxStoredResponseBytes int
 	// Quota, when set, limits the live keys of each principal.
 	Quota *Quota
+	// TracerProvider and MeterProvider instrument the protocol; nil means
+	// no telemetry.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
+
+// Outcomes of Do, as recorded in spans and metrics.
+const (
+	OutcomeClaimed       = "claimed"
+	OutcomeReplayed      = "replayed"
+	OutcomeConflict      = "conflict"
+	OutcomeMismatch      = "mismatch"
+	OutcomeQuotaExceeded = "quota_exceeded"
+)
 
 // Executor runs Operations under idempotency keys.
 type Executor struct {
-	pool *database.Pool
-	cfg  Config
+	pool     *database.Pool
+	cfg      Config
+	tracer   trace.Tracer
+	requests metric.Int64Counter
+	claimDur metric.Float64Histogram
 }
 
 // NewExecutor returns an Executor that runs its transactions on pool, which
 // must connect as the service role so row-level security applies.
-func NewExecutor(pool *database.Pool, cfg Config) *Executor {
-	return &Executor{pool: pool, cfg: cfg}
+func NewExecutor(pool *database.Pool, cfg Config) (*Executor, error) {
+	tp, mp := cfg.TracerProvider, cfg.MeterProvider
+	if tp == nil {
+		tp = tracenoop.NewTracerProvider()
+	}
+	if mp == nil {
+		mp = metricnoop.NewMeterProvider()
+	}
+	meter := mp.Meter(instrumentationName)
+	requests, err := meter.Int64Counter("idempotency_requests",
+		metric.WithDescription("Requests that reached the idempotency store, by endpoint and outcome (claimed, replayed, conflict, mismatch, quota_exceeded)."))
+	if err != nil {
+		return nil, fmt.Errorf("idempotency_requests counter: %w", err)
+	}
+	claimDur, err := meter.Float64Histogram("idempotency_claim_duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Time of the claim statement alone, including any wait for a concurrent duplicate, by endpoint."),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
+	if err != nil {
+		return nil, fmt.Errorf("idempotency_claim_duration histogram: %w", err)
+	}
+	return &Executor{pool: pool, cfg: cfg, tracer: tp.Tracer(instrumentationName), requests: requests, claimDur: claimDur}, nil
 }
+
+// instrumentationName names this package's tracer and meter.
+const instrumentationName = "github.com/payments-reference/idempotent-payments/internal/idempotency"
 
 // errResponseTooLarge is a programming error: an endpoint whose responses
 // can exceed the cap must set Outcome.ResourceRef.
@@ -126,19 +175,45 @@ const maxClaimAttempts = 3
 //     the same one is replayed after op.Reauthorize.
 //
 // Any error rolls the whole transaction back, claim included.
-func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, error) {
+//
+// The step runs in a span named "idempotency" whose attributes say the
+// outcome, the endpoint and the principal (never the key, the body or the
+// response). A replay's span links to the span of the attempt that did the
+// work.
+func (e *Executor) Do(ctx context.Context, req Request, op Operation) (res Result, err error) {
+	ctx, span := e.tracer.Start(ctx, "idempotency", trace.WithAttributes(
+		attribute.String("idempotency.endpoint", req.Endpoint),
+		attribute.String("idempotency.principal_id", req.Principal.String()),
+	))
+	outcome := ""
+	defer func() {
+		if outcome != "" {
+			span.SetAttributes(attribute.String("idempotency.outcome", outcome))
+			e.requests.Add(ctx, 1, metric.WithAttributes(
+				attribute.String("endpoint", req.Endpoint), attribute.String("outcome", outcome)))
+		}
+		if err != nil && outcome != OutcomeMismatch && outcome != OutcomeConflict && outcome != OutcomeQuotaExceeded {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "idempotent operation failed")
+		}
+		span.End()
+	}()
+
 	allowNew := true
 	if e.cfg.Quota != nil {
-		var err error
 		if allowNew, err = e.cfg.Quota.Allow(ctx, req.Principal); err != nil {
 			return Result{}, err
 		}
 	}
-	var res Result
-	err := database.InTenantTx(ctx, e.pool, req.Principal, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
+	traceParent := formatTraceParent(span.SpanContext())
+	err = database.InTenantTx(ctx, e.pool, req.Principal, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
 		for range maxClaimAttempts {
-			claimed, err := claim(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, e.cfg.Retention, allowNew)
+			start := time.Now()
+			claimed, err := claim(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, traceParent, e.cfg.Retention, allowNew)
+			res.ClaimDuration = time.Since(start)
+			e.claimDur.Record(ctx, res.ClaimDuration.Seconds(), metric.WithAttributes(attribute.String("endpoint", req.Endpoint)))
 			if database.IsLockTimeout(err) {
+				outcome = OutcomeConflict
 				return ErrRequestInProgress
 			}
 			if err != nil {
@@ -163,7 +238,7 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 				if err := complete(ctx, tx, req.Scope, state, out.Response, ref); err != nil {
 					return fmt.Errorf("store response: %w", database.Classify(err))
 				}
-				res = Result{Response: out.Response, OriginalRequestID: req.RequestID}
+				res.Response, res.OriginalRequestID = out.Response, req.RequestID
 				return nil
 			}
 
@@ -172,15 +247,18 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 				return fmt.Errorf("look up key: %w", database.Classify(err))
 			}
 			if !found && !allowNew {
+				outcome = OutcomeQuotaExceeded
 				return ErrQuotaExceeded
 			}
 			if !found {
 				continue
 			}
 			if !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
+				outcome = OutcomeMismatch
 				return ErrKeyReused
 			}
 			if rec.State == StateInProgress {
+				outcome = OutcomeConflict
 				return ErrRequestInProgress
 			}
 			if op.Reauthorize != nil {
@@ -196,7 +274,8 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 				}
 				rec.Response.Body = again.Body
 			}
-			res = Result{Response: rec.Response, Replayed: true, OriginalRequestID: rec.OriginalRequestID}
+			linkToOriginal(span, rec)
+			res.Response, res.Replayed, res.OriginalRequestID = rec.Response, true, rec.OriginalRequestID
 			return nil
 		}
 		return fmt.Errorf("claim key: row vanished %d times in a row", maxClaimAttempts)
@@ -204,8 +283,42 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 	if err != nil {
 		return Result{}, err
 	}
-	if !res.Replayed && e.cfg.Quota != nil {
-		e.cfg.Quota.Record(req.Principal)
+	// Counted only once the transaction committed: a claim that rolled back
+	// did not happen.
+	if res.Replayed {
+		outcome = OutcomeReplayed
+	} else {
+		outcome = OutcomeClaimed
+		if e.cfg.Quota != nil {
+			e.cfg.Quota.Record(req.Principal)
+		}
 	}
 	return res, nil
+}
+
+// formatTraceParent renders sc as a W3C traceparent header value, or ""
+// when there is no valid span.
+func formatTraceParent(sc trace.SpanContext) string {
+	if !sc.IsValid() {
+		return ""
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
+	return carrier.Get("traceparent")
+}
+
+// linkToOriginal lets a trace viewer jump from a replay to the request that
+// did the work.
+func linkToOriginal(span trace.Span, rec record) {
+	span.SetAttributes(attribute.String("idempotency.original_request_id", rec.OriginalRequestID))
+	if rec.TraceParent == "" {
+		return
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": rec.TraceParent})
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+			attribute.String("idempotency.link", "original"),
+			attribute.String("idempotency.original_request_id", rec.OriginalRequestID),
+		}})
+	}
 }

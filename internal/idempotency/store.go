@@ -37,6 +37,7 @@ type record struct {
 	Response          Response
 	ResourceRef       string // set instead of Response.Body when the body was over the cap
 	OriginalRequestID string
+	TraceParent       string // W3C traceparent of the producing attempt's span, or ""
 }
 
 // claimSQL is the whole concurrency control. The INSERT either creates the
@@ -60,21 +61,26 @@ type record struct {
 // key but not create one.
 const claimSQL = `
 INSERT INTO idempotency_keys AS k
-    (principal_id, endpoint, key, state, fingerprint, correlation_id, expires_at)
-SELECT $1, $2, $3, 'in_progress', $4, $5, now() + $6 * interval '1 millisecond'
+    (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at)
+SELECT $1, $2, $3, 'in_progress', $4, $5, $8, now() + $6 * interval '1 millisecond'
 WHERE $7
 ON CONFLICT (principal_id, endpoint, key) DO UPDATE
     SET state = 'in_progress', fingerprint = EXCLUDED.fingerprint,
         response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
-        correlation_id = EXCLUDED.correlation_id, created_at = now(), expires_at = EXCLUDED.expires_at
+        correlation_id = EXCLUDED.correlation_id, trace_parent = EXCLUDED.trace_parent,
+        created_at = now(), expires_at = EXCLUDED.expires_at
     WHERE k.expires_at < now()
 RETURNING created_at`
 
 // claim tries to take the key. It reports whether this transaction now owns
 // it.
-func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID string, ttl time.Duration, allowNew bool) (bool, error) {
+func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, allowNew bool) (bool, error) {
 	var createdAt time.Time
-	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew).Scan(&createdAt)
+	var tp *string
+	if traceParent != "" {
+		tp = &traceParent
+	}
+	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew, tp).Scan(&createdAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -93,11 +99,11 @@ func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
 	var status *int16
 	err := tx.QueryRow(ctx, `
 		SELECT state, fingerprint, response_status, coalesce(response_content_type, ''),
-		       coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id
+		       coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '')
 		FROM idempotency_keys
 		WHERE principal_id = $1 AND endpoint = $2 AND key = $3`,
 		s.Principal, s.Endpoint, s.Key).
-		Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID)
+		Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID, &r.TraceParent)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return record{}, false, nil
 	}

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 )
@@ -49,12 +53,17 @@ type SweeperConfig struct {
 	// Retention is how long keys live, the window plus the margin; usage
 	// buckets older than that are deleted too.
 	Retention time.Duration
+	// MeterProvider receives idempotency_sweeper_deleted_rows_total and
+	// idempotency_sweeper_last_run_timestamp_seconds; nil means none.
+	MeterProvider metric.MeterProvider
 }
 
 // Sweeper deletes expired keys in bounded chunks.
 type Sweeper struct {
-	pool *database.Pool
-	cfg  SweeperConfig
+	pool    *database.Pool
+	cfg     SweeperConfig
+	deleted metric.Int64Counter
+	lastRun atomic.Int64 // unix seconds of the last completed sweep
 	// OnSweep, when set, is called after every sweep that ran.
 	OnSweep func(deleted int64)
 }
@@ -62,8 +71,32 @@ type Sweeper struct {
 // NewSweeper returns a sweeper on pool, which must connect as the
 // maintenance role: the only role allowed to delete keys, and only expired
 // ones.
-func NewSweeper(pool *database.Pool, cfg SweeperConfig) *Sweeper {
-	return &Sweeper{pool: pool, cfg: cfg}
+func NewSweeper(pool *database.Pool, cfg SweeperConfig) (*Sweeper, error) {
+	s := &Sweeper{pool: pool, cfg: cfg}
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = metricnoop.NewMeterProvider()
+	}
+	m := mp.Meter(instrumentationName)
+	var err error
+	s.deleted, err = m.Int64Counter("idempotency_sweeper_deleted_rows",
+		metric.WithDescription("Expired keys deleted by this instance's sweeper."))
+	if err != nil {
+		return nil, fmt.Errorf("sweeper counter: %w", err)
+	}
+	_, err = m.Float64ObservableGauge("idempotency_sweeper_last_run_timestamp",
+		metric.WithUnit("s"),
+		metric.WithDescription("Unix time of this instance's last completed sweep; absent until one ran."),
+		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+			if t := s.lastRun.Load(); t > 0 {
+				o.Observe(float64(t))
+			}
+			return nil
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("sweeper gauge: %w", err)
+	}
+	return s, nil
 }
 
 // Sweep deletes every row that is expired when it starts, chunk by chunk,
@@ -101,6 +134,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int64, error) {
 			return total, fmt.Errorf("sweep chunk: %w", database.Classify(err))
 		}
 		total += tag.RowsAffected()
+		s.deleted.Add(ctx, tag.RowsAffected())
 		if tag.RowsAffected() < int64(s.cfg.Chunk) {
 			break
 		}
@@ -115,6 +149,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int64, error) {
 		time.Now().Add(-s.cfg.Retention-time.Hour).UTC().Truncate(time.Hour)); err != nil {
 		return total, fmt.Errorf("sweep usage buckets: %w", database.Classify(err))
 	}
+	s.lastRun.Store(time.Now().Unix())
 	if s.OnSweep != nil {
 		s.OnSweep(total)
 	}

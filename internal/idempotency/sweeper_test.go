@@ -33,8 +33,9 @@ func setupSweep(t *testing.T, chunk int) *sweepBundle {
 	maint, err := database.Open(ctx, db.MaintenanceURL, database.PoolConfig{MaxConns: 4, AcquireTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(maint.Close)
-	return &sweepBundle{admin: admin, maint: maint,
-		sweeper: idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: chunk, Pause: time.Millisecond, Retention: 25 * time.Hour})}
+	sweeper, err := idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: chunk, Pause: time.Millisecond, Retention: 25 * time.Hour})
+	require.NoError(t, err)
+	return &sweepBundle{admin: admin, maint: maint, sweeper: sweeper}
 }
 
 // insertKeys adds n completed keys whose expires_at is offset from now.

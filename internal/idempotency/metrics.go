@@ -1,0 +1,113 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// storeStatsSQL reads the key store's health in one round trip, and stays
+// cheap at 100 million rows:
+//   - the row count is the planner's estimate (pg_class.reltuples, kept by
+//     ANALYZE and autovacuum), never count(*), which would scan the table;
+//   - the size comes from the files' sizes (pg_total_relation_size);
+//   - the oldest live key is the first entry past now() in the expires_at
+//     index (expires_at = created_at + retention, so it is the oldest live
+//     created_at), one index probe and one heap fetch;
+//   - in-progress rows come from the partial index on state = 'in_progress',
+//     which is empty in normal operation.
+//
+// reltuples is -1 for a table never analyzed; that reads as 0 here.
+const storeStatsSQL = `
+SELECT
+    (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'idempotency_keys'::regclass),
+    pg_total_relation_size('idempotency_keys'::regclass),
+    coalesce((SELECT extract(epoch FROM now() - created_at)::float8 FROM idempotency_keys
+              WHERE expires_at > now() ORDER BY expires_at LIMIT 1), 0),
+    (SELECT count(*) FROM idempotency_keys WHERE state = 'in_progress'),
+    coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM idempotency_keys
+              WHERE state = 'in_progress'), 0)`
+
+type storeStats struct {
+	rows, bytes, inProgress int64
+	oldestLiveAge           float64
+	oldestInProgressAge     float64
+}
+
+// storeGauges caches storeStats so that any number of scrapers, at any
+// rate, cost the database at most one query per cache period.
+type storeGauges struct {
+	pool *database.Pool
+	ttl  time.Duration
+
+	mu      sync.Mutex
+	stats   storeStats
+	fetched time.Time
+	ok      bool
+}
+
+func (g *storeGauges) get(ctx context.Context) (storeStats, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if time.Since(g.fetched) < g.ttl {
+		return g.stats, g.ok
+	}
+	g.fetched = time.Now()
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var s storeStats
+	err := g.pool.WithConn(qctx, func(c database.DBTX) error {
+		return c.QueryRow(qctx, storeStatsSQL).Scan(&s.rows, &s.bytes, &s.oldestLiveAge, &s.inProgress, &s.oldestInProgressAge)
+	})
+	// On error the gauges are left out of the scrape rather than showing
+	// stale numbers as if they were current.
+	g.stats, g.ok = s, err == nil
+	return g.stats, g.ok
+}
+
+// RegisterStoreMetrics exports the key store's health as gauges, read
+// through pool (the maintenance role, which may see every tenant's
+// timestamps) and cached for ttl:
+// idempotency_keys_rows, idempotency_keys_bytes,
+// idempotency_oldest_live_key_age_seconds, idempotency_in_progress_rows and
+// idempotency_oldest_in_progress_age_seconds.
+func RegisterStoreMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Duration) error {
+	m := mp.Meter(instrumentationName)
+	g := &storeGauges{pool: pool, ttl: ttl}
+	rows, err1 := m.Int64ObservableGauge("idempotency_keys_rows",
+		metric.WithDescription("Rows in idempotency_keys, the planner's estimate (pg_class.reltuples)."))
+	size, err2 := m.Int64ObservableGauge("idempotency_keys_bytes",
+		metric.WithDescription("Bytes of idempotency_keys, its indexes and TOAST included."))
+	oldest, err3 := m.Float64ObservableGauge("idempotency_oldest_live_key_age_seconds",
+		metric.WithDescription("Age of the oldest key not yet expired; about the retention period in steady state."))
+	inProg, err4 := m.Int64ObservableGauge("idempotency_in_progress_rows",
+		metric.WithDescription("Committed rows in state in_progress; 0 unless a claim was committed without its outcome."))
+	inProgAge, err5 := m.Float64ObservableGauge("idempotency_oldest_in_progress_age_seconds",
+		metric.WithDescription("Age of the oldest in_progress row; 0 when there is none."))
+	for _, err := range []error{err1, err2, err3, err4, err5} {
+		if err != nil {
+			return fmt.Errorf("store gauges: %w", err)
+		}
+	}
+	_, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		s, ok := g.get(ctx)
+		if !ok {
+			return nil
+		}
+		o.ObserveInt64(rows, s.rows)
+		o.ObserveInt64(size, s.bytes)
+		o.ObserveFloat64(oldest, s.oldestLiveAge)
+		o.ObserveInt64(inProg, s.inProgress)
+		o.ObserveFloat64(inProgAge, s.oldestInProgressAge)
+		return nil
+	}, rows, size, oldest, inProg, inProgAge)
+	if err != nil {
+		return fmt.Errorf("store gauges callback: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,3 @@
+BEGIN;
+ALTER TABLE idempotency_keys DROP COLUMN trace_parent;
+COMMIT;
