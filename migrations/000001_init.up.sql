@@ -79,9 +79,10 @@ CREATE TABLE idempotency_keys (
 CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
 
 -- Finds stuck claims without scanning the table. In this service a claim
--- commits together with its outcome, so the index is normally empty and costs
--- nothing to maintain; it matters once an endpoint commits a claim before its
--- work (see docs/idempotency.md).
+-- commits together with its outcome, so no committed row is in_progress; the
+-- index matters once an endpoint commits a claim before its work. Every claim
+-- still adds an entry (dead once the outcome is stored, until vacuum), and the
+-- state change makes the outcome's UPDATE non-HOT: see docs/performance.md.
 CREATE INDEX idempotency_keys_in_progress_idx ON idempotency_keys (created_at)
     WHERE state = 'in_progress';
 

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -176,16 +177,20 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return err
 	}
 	handler := httpapi.New(httpapi.Deps{
-		Logger:         log,
-		Pool:           pool,
-		Idempotency:    executor,
-		MaxBodyBytes:   cfg.MaxBodyBytes,
-		RequestTimeout: cfg.RequestTimeout,
-		TracerProvider: tel.TracerProvider,
-		MeterProvider:  tel.MeterProvider,
-		Propagator:     tel.Propagator,
-		ServerTiming:   cfg.ServerTiming,
+		Logger:          log,
+		Pool:            pool,
+		Idempotency:     executor,
+		MaxBodyBytes:    cfg.MaxBodyBytes,
+		RequestTimeout:  cfg.RequestTimeout,
+		TracerProvider:  tel.TracerProvider,
+		MeterProvider:   tel.MeterProvider,
+		Propagator:      tel.Propagator,
+		ServerTiming:    cfg.ServerTiming,
+		BenchmarkBypass: cfg.BenchmarkIdempotencyBypass,
 	})
+	if cfg.BenchmarkIdempotencyBypass {
+		log.Warn("BENCHMARK_IDEMPOTENCY_BYPASS is on: POST /benchmark/payments-without-idempotency writes payments with no idempotency protection; for load tests only")
+	}
 	srv := &http.Server{
 		Addr:              cfg.Addr,
 		Handler:           handler,
@@ -200,7 +205,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("listening", "addr", cfg.Addr)
 	if cfg.MetricsAddr != "off" {
-		metricsSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(tel), ReadHeaderTimeout: 5 * time.Second}
+		metricsSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(tel, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		go func() { errc <- metricsSrv.ListenAndServe() }()
 		defer metricsSrv.Close()
 		log.Info("serving metrics", "addr", cfg.MetricsAddr, "path", "/metrics")
@@ -226,10 +231,16 @@ func newSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider
 	})
 }
 
-// metricsMux serves /metrics only; it listens apart from the API.
-func metricsMux(tel *telemetry.Telemetry) http.Handler {
+// metricsMux serves /metrics, and /debug/pprof/ when enabled; it listens
+// apart from the API so neither is ever exposed with it.
+func metricsMux(tel *telemetry.Telemetry, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.MetricsHandler)
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

@@ -19,6 +19,9 @@ type Config struct {
 	// MetricsAddr is where /metrics is served, apart from the API so that
 	// it is never exposed with it (METRICS_ADDR; "off" turns it off).
 	MetricsAddr string
+	// Pprof serves net/http/pprof on the metrics listener, for profiling
+	// under load (PPROF). Off by default.
+	Pprof bool
 	// ServerTiming adds Server-Timing: claim;dur=<ms> to idempotent
 	// responses (SERVER_TIMING).
 	ServerTiming bool
@@ -74,6 +77,10 @@ type Config struct {
 	RequestTimeout time.Duration
 	// ShutdownTimeout bounds graceful shutdown after SIGTERM (SHUTDOWN_TIMEOUT).
 	ShutdownTimeout time.Duration
+	// BenchmarkIdempotencyBypass mounts an unprotected copy of the payment
+	// write for the load test's baseline (BENCHMARK_IDEMPOTENCY_BYPASS).
+	// Off unless explicitly enabled; never in production.
+	BenchmarkIdempotencyBypass bool
 	// LogLevel is debug, info, warn or error (LOG_LEVEL).
 	LogLevel slog.Level
 }
@@ -154,6 +161,8 @@ func Load(getenv func(string) string) (Config, error) {
 	str("ADDR", &c.Addr)
 	str("METRICS_ADDR", &c.MetricsAddr)
 	boolean("SERVER_TIMING", &c.ServerTiming)
+	boolean("PPROF", &c.Pprof)
+	boolean("BENCHMARK_IDEMPOTENCY_BYPASS", &c.BenchmarkIdempotencyBypass)
 	str("DATABASE_URL", &c.DatabaseURL)
 	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
 	str("MAINTENANCE_DATABASE_URL", &c.MaintenanceDatabaseURL)

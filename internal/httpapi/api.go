@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 )
@@ -38,6 +39,11 @@ type Deps struct {
 	// responses, for the load test. Off by default: it tells clients how
 	// long a statement took.
 	ServerTiming bool
+	// BenchmarkBypass mounts POST /benchmark/payments-without-idempotency:
+	// the same payment write with no key, claim or stored response, so the
+	// load test can measure idempotency's overhead side by side. Never
+	// enable it in production: it is a way to pay twice.
+	BenchmarkBypass bool
 }
 
 type api struct {
@@ -65,6 +71,10 @@ func New(d Deps) http.Handler {
 		r.Mount("/payments", a.paymentRoutes())
 		r.Mount("/refunds", a.refundRoutes())
 	})
+	if d.BenchmarkBypass {
+		r.With(authenticate(a.pool, a.log), requireScope(auth.ScopePaymentsWrite, a.log)).
+			Post("/benchmark/payments-without-idempotency", a.createPaymentWithoutIdempotency)
+	}
 	return r
 }
 

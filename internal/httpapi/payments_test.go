@@ -368,3 +368,20 @@ func TestLogsHoldNoSecrets(t *testing.T) {
 		require.NotContains(t, logs, secret)
 	}
 }
+
+// The load test's baseline route exists only when explicitly enabled.
+func TestBenchmarkBypassIsOffByDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	r := b.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
+	requireProblem(t, r, http.StatusNotFound, "not-found")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
+
+	on := setup(t, func(o *options) { o.benchmarkBypass = true })
+	k = on.newKey(t, "acme", allScopes...)
+	r = on.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	require.Equal(t, 1, on.count(t, `SELECT count(*) FROM payments`))
+	require.Equal(t, 0, on.count(t, `SELECT count(*) FROM idempotency_keys`))
+}

@@ -35,14 +35,15 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 // options tune the service a test runs against.
 type options struct {
-	maxConns       int32
-	acquireTimeout time.Duration
-	lockTimeout    time.Duration
-	maxBodyBytes   int64
-	maxStored      int   // MaxStoredResponseBytes
-	keyQuota       int64 // 0: no quota
-	serverTiming   bool
-	databaseURL    string // overrides the test database's service-role URL
+	maxConns        int32
+	acquireTimeout  time.Duration
+	lockTimeout     time.Duration
+	maxBodyBytes    int64
+	maxStored       int   // MaxStoredResponseBytes
+	keyQuota        int64 // 0: no quota
+	serverTiming    bool
+	benchmarkBypass bool
+	databaseURL     string // overrides the test database's service-role URL
 }
 
 // testBundle is a running API on its own database.
@@ -104,15 +105,16 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 
 	log := slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := httpapi.New(httpapi.Deps{
-		Logger:         log,
-		Pool:           pool,
-		Idempotency:    executor,
-		TracerProvider: tp,
-		MeterProvider:  mp,
-		Propagator:     propagation.TraceContext{},
-		ServerTiming:   o.serverTiming,
-		MaxBodyBytes:   o.maxBodyBytes,
-		RequestTimeout: 30 * time.Second,
+		Logger:          log,
+		Pool:            pool,
+		Idempotency:     executor,
+		TracerProvider:  tp,
+		MeterProvider:   mp,
+		Propagator:      propagation.TraceContext{},
+		ServerTiming:    o.serverTiming,
+		BenchmarkBypass: o.benchmarkBypass,
+		MaxBodyBytes:    o.maxBodyBytes,
+		RequestTimeout:  30 * time.Second,
 	})
 	b.handler = h
 	b.srv = httptest.NewServer(h)

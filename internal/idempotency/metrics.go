@@ -20,7 +20,9 @@ import (
 //     index (expires_at = created_at + retention, so it is the oldest live
 //     created_at), one index probe and one heap fetch;
 //   - in-progress rows come from the partial index on state = 'in_progress',
-//     which is empty in normal operation.
+//     whose entries are all dead in normal operation (each claim's row leaves
+//     it when its outcome is stored); the first scan marks them killed, so
+//     later scans skip them, and vacuum removes them.
 //
 // reltuples is -1 for a table never analyzed; that reads as 0 here.
 const storeStatsSQL = `

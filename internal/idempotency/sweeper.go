@@ -183,7 +183,7 @@ type StaleClaims struct {
 }
 
 // InProgress reads StaleClaims through the partial index on in_progress
-// rows, which costs nothing while the index is empty.
+// rows, without scanning the table.
 func InProgress(ctx context.Context, pool *database.Pool) (StaleClaims, error) {
 	var sc StaleClaims
 	var ageSeconds float64

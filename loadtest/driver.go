@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// driver sends payment requests: new keys, and a share of retries of keys it
+// used before (replays).
+type driver struct {
+	base    string
+	cfg     config
+	clients []client
+	http    *http.Client
+
+	mu   sync.Mutex
+	used []sent // completed requests that a later one may retry
+}
+
+type sent struct {
+	client int
+	key    string
+	body   string
+}
+
+func newDriver(base string, cfg config, clients []client) *driver {
+	tr := &http.Transport{MaxIdleConns: 4 * cfg.concurrency, MaxIdleConnsPerHost: 4 * cfg.concurrency, IdleConnTimeout: time.Minute}
+	return &driver{base: base, cfg: cfg, clients: clients, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+}
+
+// sample is one request's outcome.
+type sample struct {
+	latency time.Duration
+	claim   time.Duration // from Server-Timing; -1 when absent
+	replay  bool
+	status  int // 0: transport error
+}
+
+// measurement is every sample of one run.
+type measurement struct {
+	samples []sample
+}
+
+// run drives path for d with cfg.concurrency clients, closed loop or at
+// cfg.rate, and prints a live line to progress when it is not nil.
+func (dr *driver) run(ctx context.Context, path string, d time.Duration, progress io.Writer, label string) measurement {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	replays := path == "/v1/payments" && dr.cfg.replayFraction > 0
+
+	// Open loop: a ticker hands out intended start times, and latency counts
+	// from them, so a slow server cannot hide its queueing (no coordinated
+	// omission). Closed loop: each client sends when it gets an answer.
+	var tokens chan time.Time
+	if dr.cfg.rate > 0 {
+		tokens = make(chan time.Time, dr.cfg.concurrency*4)
+		go func() {
+			interval := time.Duration(float64(time.Second) / dr.cfg.rate)
+			next := time.Now()
+			for {
+				select {
+				case <-ctx.Done():
+					close(tokens)
+					return
+				case <-time.After(time.Until(next)):
+				}
+				select {
+				case tokens <- next:
+				default: // every client is busy: the request is late, and counted from next
+				}
+				next = next.Add(interval)
+			}
+		}()
+	}
+
+	var done atomic.Int64
+	var failed atomic.Int64
+	stopProgress := make(chan struct{})
+	if progress != nil {
+		go func() {
+			start := time.Now()
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-stopProgress:
+					return
+				case <-t.C:
+					el := time.Since(start)
+					fmt.Fprintf(progress, "\r%s: %2.0fs/%.0fs  %6.0f req/s  errors %d   ", label, el.Seconds(), d.Seconds(),
+						float64(done.Load())/el.Seconds(), failed.Load())
+				}
+			}
+		}()
+	}
+
+	per := make([][]sample, dr.cfg.concurrency)
+	var wg sync.WaitGroup
+	for w := range dr.cfg.concurrency {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(w)))
+			for {
+				intended := time.Now()
+				if tokens != nil {
+					var ok bool
+					if intended, ok = <-tokens; !ok {
+						return
+					}
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				s := dr.one(ctx, path, rng, replays, intended)
+				if ctx.Err() != nil && s.status == 0 {
+					return // cut off by the end of the run, not a failure
+				}
+				per[w] = append(per[w], s)
+				done.Add(1)
+				if s.status < 200 || s.status > 299 {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stopProgress)
+	var m measurement
+	for _, p := range per {
+		m.samples = append(m.samples, p...)
+	}
+	return m
+}
+
+// one sends one request.
+func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays bool, intended time.Time) sample {
+	var req sent
+	replay := false
+	if replays && rng.Float64() < dr.cfg.replayFraction {
+		dr.mu.Lock()
+		if len(dr.used) > 0 {
+			req, replay = dr.used[rng.IntN(len(dr.used))], true
+		}
+		dr.mu.Unlock()
+	}
+	if !replay {
+		req = sent{
+			client: rng.IntN(len(dr.clients)),
+			key:    uuid.NewString(),
+			body:   fmt.Sprintf(`{"amount": %d, "currency": "usd", "description": "load test", "metadata": {"order": "%d"}}`, 1+rng.IntN(100000), rng.Uint32()),
+		}
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, dr.base+path, strings.NewReader(req.body))
+	if err != nil {
+		return sample{status: 0, claim: -1}
+	}
+	hr.Header.Set("Authorization", "Bearer "+dr.clients[req.client].secret)
+	hr.Header.Set("Content-Type", "application/json")
+	if path == "/v1/payments" {
+		hr.Header.Set("Idempotency-Key", req.key)
+	}
+	resp, err := dr.http.Do(hr)
+	if err != nil {
+		return sample{latency: time.Since(intended), status: 0, claim: -1}
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	s := sample{latency: time.Since(intended), status: resp.StatusCode, replay: replay, claim: serverTimingClaim(resp.Header.Get("Server-Timing"))}
+	if !replay && resp.StatusCode == http.StatusCreated && path == "/v1/payments" {
+		dr.mu.Lock()
+		if len(dr.used) < 100_000 {
+			dr.used = append(dr.used, req)
+		} else {
+			dr.used[rng.IntN(len(dr.used))] = req
+		}
+		dr.mu.Unlock()
+	}
+	return s
+}
+
+// serverTimingClaim reads "claim;dur=1.234" (milliseconds).
+func serverTimingClaim(h string) time.Duration {
+	for part := range strings.SplitSeq(h, ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if name != "claim" {
+			continue
+		}
+		if v, ok := strings.CutPrefix(strings.TrimSpace(params), "dur="); ok {
+			if ms, err := strconv.ParseFloat(v, 64); err == nil {
+				return time.Duration(ms * float64(time.Millisecond))
+			}
+		}
+	}
+	return -1
+}
+
+// fill writes m's throughput and exact percentiles (from every sample, not
+// averages of averages) into st.
+func (m measurement) fill(st *Stage, d time.Duration) {
+	var all, claims, replays []float64
+	st.Errors = map[string]int{}
+	for _, s := range m.samples {
+		if s.status < 200 || s.status > 299 {
+			key := strconv.Itoa(s.status)
+			if s.status == 0 {
+				key = "transport"
+			}
+			st.Errors[key]++
+			continue
+		}
+		ms := float64(s.latency) / float64(time.Millisecond)
+		all = append(all, ms)
+		if s.claim >= 0 {
+			claims = append(claims, float64(s.claim)/float64(time.Millisecond))
+		}
+		if s.replay {
+			replays = append(replays, ms)
+		}
+	}
+	st.Requests = len(all)
+	st.Replays = len(replays)
+	st.RPS = float64(len(all)) / d.Seconds()
+	st.RequestP50, st.RequestP99, st.RequestP999 = percentile(all, 0.50), percentile(all, 0.99), percentile(all, 0.999)
+	st.ClaimP50, st.ClaimP99 = percentile(claims, 0.50), percentile(claims, 0.99)
+	st.ReplayP99 = percentile(replays, 0.99)
+}
+
+// percentile is the nearest-rank percentile of xs (0 when empty).
+func percentile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}

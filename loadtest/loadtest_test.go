@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// A smoke test of the load test itself: tiny sizes and a couple of seconds,
+// so it cannot rot unnoticed. It proves the pipeline works (build, start,
+// bulk load, drive, baseline, pgbench, report), not any number.
+func TestSmoke(t *testing.T) {
+	db := testdb.New(t)
+	out := t.TempDir()
+	cfg, err := parseFlags([]string{
+		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-concurrency", "4", "-principals", "3",
+		"-database-url", db.AdminURL, "-out", out,
+	})
+	require.NoError(t, err)
+	var progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := run(ctx, cfg, &progress)
+	require.NoError(t, err, "progress: %s", progress.String())
+
+	require.Len(t, res.Stages, 2)
+	require.GreaterOrEqual(t, res.Stages[1].TableRows, int64(3000))
+	for _, s := range res.Stages {
+		require.Positive(t, s.Requests)
+		require.Positive(t, s.RequestP99)
+		require.Positive(t, s.ClaimP99, "Server-Timing was read")
+		require.Empty(t, s.Errors)
+	}
+	require.Positive(t, res.BaselineRPS)
+	require.Positive(t, res.OverheadRatio)
+	if res.PgbenchTPS == 0 {
+		require.NotEmpty(t, res.Notes, "pgbench skipped without saying why")
+	}
+
+	raw, err := os.ReadFile(filepath.Join(out, "results.json"))
+	require.NoError(t, err)
+	var fields map[string]any
+	require.NoError(t, json.Unmarshal(raw, &fields))
+	for _, k := range []string{"stages", "baseline_rps", "idempotent_rps", "overhead_ratio", "pgbench_tps", "service_to_pgbench_ratio",
+		"machine", "go_version", "postgres_version", "postgres_settings"} {
+		require.Contains(t, fields, k)
+	}
+	stage := fields["stages"].([]any)[0].(map[string]any)
+	for _, k := range []string{"table_rows", "table_bytes", "index_bytes", "rps", "request_p50_ms", "request_p99_ms",
+		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors"} {
+		require.Contains(t, stage, k)
+	}
+	for _, f := range []string{"report.md", "claim_p99.png"} {
+		info, err := os.Stat(filepath.Join(out, f))
+		require.NoError(t, err)
+		require.Positive(t, info.Size())
+	}
+}
+
+func TestOnlyLoopbackTargets(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, requireLoopback("http://127.0.0.1:8080"))
+	require.NoError(t, requireLoopback("http://localhost:8080"))
+	require.NoError(t, requireLoopback("postgres://u@[::1]:5432/db"))
+	require.Error(t, requireLoopback("http://10.0.0.5:8080"))
+	require.Error(t, requireLoopback("http://example.com"))
+	_, err := run(context.Background(), config{databaseURL: "postgres://u@192.168.1.10/db", out: t.TempDir()}, &bytes.Buffer{})
+	require.ErrorContains(t, err, "loopback")
+}
+
+func TestPercentileIsExact(t *testing.T) {
+	t.Parallel()
+	xs := make([]float64, 1000)
+	for i := range xs {
+		xs[i] = float64(1000 - i) // 1000..1
+	}
+	require.Equal(t, 500.0, percentile(xs, 0.50))
+	require.Equal(t, 990.0, percentile(xs, 0.99))
+	require.Equal(t, 999.0, percentile(xs, 0.999))
+	require.Equal(t, 0.0, percentile(nil, 0.99))
+}
+
+func TestServerTimingParse(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 1234*time.Microsecond, serverTimingClaim("claim;dur=1.234"))
+	require.Equal(t, 2*time.Millisecond, serverTimingClaim("db;dur=9, claim;dur=2.000"))
+	require.Equal(t, time.Duration(-1), serverTimingClaim(""))
+}

@@ -1,0 +1,105 @@
+// Command loadtest measures what idempotency costs: the claim's p99 latency as
+// the key table grows, the service's throughput against the same write
+// without idempotency, and against what PostgreSQL alone sustains for the
+// same SQL (pgbench).
+//
+//	go run ./loadtest                                    # small default, under two minutes
+//	go run ./loadtest -sizes 0,1000000,10000000 -duration 30s -concurrency 16
+//
+// It builds and starts the API (cmd/api) on a loopback port, or targets one
+// given with -api-url, bulk-loads the key table with COPY before each stage,
+// and writes results.json, report.md and claim_p99.png to -out. It only ever
+// sends traffic to loopback addresses, and every loop is bounded in time.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, cfg, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "\nwrote %s/results.json, report.md, claim_p99.png (overhead ratio %.2f)\n", cfg.out, res.OverheadRatio)
+}
+
+// config is every knob of a run.
+type config struct {
+	sizes           []int64
+	duration        time.Duration
+	warmup          time.Duration
+	concurrency     int
+	rate            float64 // requests per second across all workers; 0 = closed loop
+	replayFraction  float64
+	principals      int
+	out             string
+	databaseURL     string // a superuser (bulk load bypasses row-level security)
+	appDatabaseURL  string // the service role; derived from databaseURL when empty
+	maintenanceURL  string // derived from databaseURL when empty
+	apiURL          string // target this API instead of starting one
+	baseline        bool
+	pgbench         bool
+	pgbenchDuration time.Duration
+	responseBytes   int    // size of the bulk-loaded rows' stored responses
+	metricsAddr     string // the started API's metrics and pprof listener
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	var c config
+	sizes := fs.String("sizes", "0,200000", "key-table sizes (rows) to measure at, comma-separated, ascending")
+	fs.DurationVar(&c.duration, "duration", 15*time.Second, "measured run per stage")
+	fs.DurationVar(&c.warmup, "warmup", 3*time.Second, "unmeasured warm-up before each stage")
+	fs.IntVar(&c.concurrency, "concurrency", 16, "concurrent clients")
+	fs.Float64Var(&c.rate, "rate", 0, "target requests per second in all (0 = closed loop: each client sends as fast as it gets answers)")
+	fs.Float64Var(&c.replayFraction, "replay-fraction", 0.05, "share of requests that retry an earlier key of the run")
+	fs.IntVar(&c.principals, "principals", 64, "principals (tenants) the load and the bulk rows are spread over")
+	fs.StringVar(&c.out, "out", "loadtest-results", "output directory")
+	fs.StringVar(&c.databaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/payments_loadtest?sslmode=disable",
+		"superuser URL of the database to use (created and migrated if missing)")
+	fs.StringVar(&c.appDatabaseURL, "app-database-url", "", "service-role URL for the API it starts (default: -database-url as payments_app)")
+	fs.StringVar(&c.maintenanceURL, "maintenance-database-url", "", "maintenance-role URL for the API it starts (default: -database-url as payments_maintenance)")
+	fs.StringVar(&c.apiURL, "api-url", "", "target an API already running (loopback only; start it with SERVER_TIMING=true and, for the baseline, BENCHMARK_IDEMPOTENCY_BYPASS=true)")
+	fs.BoolVar(&c.baseline, "baseline", true, "also measure the same write without idempotency")
+	fs.BoolVar(&c.pgbench, "pgbench", true, "also run pgbench with the service's SQL, if pgbench is installed")
+	fs.DurationVar(&c.pgbenchDuration, "pgbench-duration", 0, "pgbench run length (default: -duration)")
+	fs.IntVar(&c.responseBytes, "response-bytes", 250, "stored response size of bulk-loaded rows")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "off", "metrics and pprof listener of the API it starts, e.g. 127.0.0.1:6060 to profile it under load")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil || n < 0 {
+			return config{}, fmt.Errorf("-sizes: %q is not a row count", s)
+		}
+		if len(c.sizes) > 0 && n < c.sizes[len(c.sizes)-1] {
+			return config{}, fmt.Errorf("-sizes must ascend: rows are only ever added")
+		}
+		c.sizes = append(c.sizes, n)
+	}
+	if c.concurrency < 1 || c.principals < 1 || c.duration <= 0 || c.replayFraction < 0 || c.replayFraction >= 1 {
+		return config{}, fmt.Errorf("invalid -concurrency, -principals, -duration or -replay-fraction")
+	}
+	if c.pgbenchDuration == 0 {
+		c.pgbenchDuration = c.duration
+	}
+	return c, nil
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// pgbenchScript is what the service sends PostgreSQL for one new idempotent
+// payment, statement for statement, with one principal's values written in
+// (pgbench variables can only be numbers). pgbench sends BEGIN and the
+// transaction settings as two round trips where the service sends one (pgbench
+// cannot combine statements in prepared mode), so pgbench does one round trip
+// more per payment than the service: 7 against 6.
+const pgbenchScript = `\set amount random(1, 100000)
+\set k random(1, 1000000000000)
+SELECT id, principal_id, scopes FROM api_keys WHERE secret_hash = '\x{{HASH}}'::bytea AND revoked_at IS NULL;
+BEGIN ISOLATION LEVEL READ COMMITTED;
+SELECT set_config('app.principal_id', '{{PRINCIPAL}}', true), set_config('lock_timeout', '5000', true);
+INSERT INTO idempotency_keys AS k (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at) SELECT '{{PRINCIPAL}}'::uuid, 'POST /v1/payments', 'pgbench-' || :client_id || '-' || :k, 'in_progress', sha256(('pgbench' || :k)::bytea), 'req_pgbench', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', now() + 90000000 * interval '1 millisecond' WHERE true ON CONFLICT (principal_id, endpoint, key) DO UPDATE SET state = 'in_progress', fingerprint = EXCLUDED.fingerprint, response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL, correlation_id = EXCLUDED.correlation_id, trace_parent = EXCLUDED.trace_parent, created_at = now(), expires_at = EXCLUDED.expires_at WHERE k.expires_at < now() RETURNING created_at;
+INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, created_at) VALUES (gen_random_uuid(), '{{PRINCIPAL}}', :amount, 'usd', 'succeeded', 'load test', '{"order": "1"}', now()) RETURNING created_at;
+UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_content_type = 'application/json', response_body = convert_to('{{BODY}}', 'UTF8'), response_ref = NULL WHERE principal_id = '{{PRINCIPAL}}' AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND state = 'in_progress';
+END;
+`
+
+var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+// runPgbench runs the service's SQL with pgbench as the service role and
+// returns its throughput. When pgbench is not installed it returns a note
+// instead of failing the run.
+func runPgbench(ctx context.Context, cfg config, clients []client, progress io.Writer) (float64, string, error) {
+	bin, err := exec.LookPath("pgbench")
+	if err != nil {
+		return 0, "pgbench is not installed: service_to_pgbench_ratio not measured", nil
+	}
+	dir, err := os.MkdirTemp("", "loadtest-pgbench")
+	if err != nil {
+		return 0, "", err
+	}
+	defer os.RemoveAll(dir)
+	body := strings.Repeat("x", 180)
+	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(cfg.concurrency), "-j", "2",
+		"-T", strconv.Itoa(max(1, int(cfg.pgbenchDuration.Seconds())))}
+	for i, c := range clients {
+		script := strings.NewReplacer("{{HASH}}", hex.EncodeToString(c.hash), "{{PRINCIPAL}}", c.principal, "{{BODY}}", body).Replace(pgbenchScript)
+		path := filepath.Join(dir, fmt.Sprintf("payment-%03d.sql", i))
+		if err := os.WriteFile(path, []byte(script), 0o600); err != nil {
+			return 0, "", err
+		}
+		args = append(args, "-f", path)
+	}
+	appURL := cfg.appDatabaseURL
+	if appURL == "" {
+		appURL = withUser(cfg.databaseURL, "payments_app")
+	}
+	pc, err := pgx.ParseConfig(appURL)
+	if err != nil {
+		return 0, "", err
+	}
+	fmt.Fprintf(progress, "pgbench: %d clients for %s with the service's SQL\n", cfg.concurrency, cfg.pgbenchDuration)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "PGHOST="+pc.Host, "PGPORT="+strconv.Itoa(int(pc.Port)), "PGUSER="+pc.User,
+		"PGDATABASE="+pc.Database, "PGPASSWORD="+pc.Password)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return 0, "", fmt.Errorf("pgbench: %w\n%s", err, out)
+	}
+	m := tpsLine.FindSubmatch(out)
+	if m == nil {
+		return 0, "", fmt.Errorf("pgbench: no tps in its output:\n%s", out)
+	}
+	if strings.Contains(string(out), "number of failed transactions: ") && !strings.Contains(string(out), "number of failed transactions: 0 ") {
+		return 0, "", fmt.Errorf("pgbench: transactions failed:\n%s", out)
+	}
+	tps, err := strconv.ParseFloat(string(m[1]), 64)
+	return tps, "", err
+}

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// Stage is what one table size measured.
+type Stage struct {
+	TableRows     int64          `json:"table_rows"`
+	TableRowsEnd  int64          `json:"table_rows_end"`
+	TableBytes    int64          `json:"table_bytes"`
+	IndexBytes    int64          `json:"index_bytes"` // the unique index on (principal_id, endpoint, key)
+	AllIndexBytes int64          `json:"all_index_bytes"`
+	LoadSeconds   float64        `json:"load_seconds"`
+	Requests      int            `json:"requests"`
+	RPS           float64        `json:"rps"`
+	RequestP50    float64        `json:"request_p50_ms"`
+	RequestP99    float64        `json:"request_p99_ms"`
+	RequestP999   float64        `json:"request_p999_ms"`
+	ClaimP50      float64        `json:"claim_p50_ms"`
+	ClaimP99      float64        `json:"claim_p99_ms"`
+	ReplayP99     float64        `json:"replay_p99_ms"`
+	Replays       int            `json:"replays"`
+	Errors        map[string]int `json:"errors"`
+}
+
+// Results is results.json.
+type Results struct {
+	Stages                []Stage           `json:"stages"`
+	BaselineRPS           float64           `json:"baseline_rps"`
+	BaselineP99           float64           `json:"baseline_request_p99_ms"`
+	IdempotentRPS         float64           `json:"idempotent_rps"`
+	OverheadRatio         float64           `json:"overhead_ratio"`
+	PgbenchTPS            float64           `json:"pgbench_tps"`
+	ServiceToPgbenchRatio float64           `json:"service_to_pgbench_ratio"`
+	Machine               map[string]string `json:"machine"`
+	GoVersion             string            `json:"go_version"`
+	PostgresVersion       string            `json:"postgres_version"`
+	PostgresSettings      map[string]string `json:"postgres_settings"`
+	Settings              map[string]string `json:"settings"`
+	StartedAt             time.Time         `json:"started_at"`
+	Notes                 []string          `json:"notes"`
+}
+
+// run performs a whole load test and writes its outputs.
+func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) {
+	if err := requireLoopback(cfg.databaseURL); err != nil {
+		return nil, fmt.Errorf("-database-url: %w", err)
+	}
+	if cfg.apiURL != "" {
+		if err := requireLoopback(cfg.apiURL); err != nil {
+			return nil, fmt.Errorf("-api-url: %w", err)
+		}
+	}
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return nil, err
+	}
+	res := &Results{StartedAt: time.Now().UTC(), GoVersion: runtime.Version(), Settings: cfg.describe()}
+
+	fmt.Fprintln(progress, "preparing the database")
+	if err := database.EnsureDatabase(ctx, cfg.databaseURL); err != nil {
+		return nil, err
+	}
+	if err := database.Migrate(ctx, cfg.databaseURL); err != nil {
+		return nil, err
+	}
+	admin, err := pgxpool.New(ctx, cfg.databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	// Stages must start from the sizes they claim: the load test owns this
+	// database and empties it first.
+	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage`); err != nil {
+		return nil, fmt.Errorf("empty the tables: %w", err)
+	}
+	if err := describeDatabase(ctx, admin, res); err != nil {
+		return nil, err
+	}
+	clients, err := createClients(ctx, admin, cfg.principals)
+	if err != nil {
+		return nil, err
+	}
+
+	apiURL := cfg.apiURL
+	if apiURL == "" {
+		stop, u, err := startAPI(ctx, cfg, progress)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		apiURL = u
+	}
+	load := newLoader(admin, clients, cfg.responseBytes)
+	driver := newDriver(apiURL, cfg, clients)
+
+	for i, size := range cfg.sizes {
+		label := fmt.Sprintf("stage %d/%d, %s rows", i+1, len(cfg.sizes), humanCount(size))
+		start := time.Now()
+		if err := load.fillTo(ctx, size, progress, label); err != nil {
+			return nil, err
+		}
+		loadSeconds := time.Since(start).Seconds()
+		fmt.Fprintf(progress, "\r%s: warming up%30s", label, "")
+		driver.run(ctx, "/v1/payments", cfg.warmup, nil, label+" warm-up")
+		var startRows int64
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&startRows); err != nil {
+			return nil, err
+		}
+		m := driver.run(ctx, "/v1/payments", cfg.duration, progress, label)
+		st, err := tableStats(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
+		// The stage's size is the table's size when the measured run began
+		// (the warm-up adds a few thousand rows); the byte sizes are read at
+		// its end.
+		st.TableRowsEnd, st.TableRows = st.TableRows, startRows
+		st.LoadSeconds = loadSeconds
+		m.fill(&st, cfg.duration)
+		res.Stages = append(res.Stages, st)
+		fmt.Fprintf(progress, "\r%s: %.0f req/s, request p99 %.2f ms, claim p99 %.2f ms, errors %v\n", label, st.RPS, st.RequestP99, st.ClaimP99, st.Errors)
+
+		if i > 0 {
+			continue
+		}
+		// Side by side with the first stage: the same write without
+		// idempotency, and the same SQL from pgbench.
+		res.IdempotentRPS = st.RPS
+		if cfg.baseline {
+			driver.run(ctx, "/benchmark/payments-without-idempotency", cfg.warmup, nil, "baseline warm-up")
+			b := driver.run(ctx, "/benchmark/payments-without-idempotency", cfg.duration, progress, "baseline (no idempotency)")
+			var bs Stage
+			b.fill(&bs, cfg.duration)
+			if bs.Requests == 0 || len(bs.Errors) > 0 {
+				return nil, fmt.Errorf("baseline failed (%v): start the API with BENCHMARK_IDEMPOTENCY_BYPASS=true, or pass -baseline=false", bs.Errors)
+			}
+			res.BaselineRPS, res.BaselineP99 = bs.RPS, bs.RequestP99
+			res.OverheadRatio = res.IdempotentRPS / res.BaselineRPS
+			fmt.Fprintf(progress, "\rbaseline (no idempotency): %.0f req/s, p99 %.2f ms; idempotent/baseline = %.2f%20s\n", bs.RPS, bs.RequestP99, res.OverheadRatio, "")
+		}
+		if cfg.pgbench {
+			tps, note, err := runPgbench(ctx, cfg, clients, progress)
+			if err != nil {
+				return nil, err
+			}
+			if note != "" {
+				res.Notes = append(res.Notes, note)
+			} else {
+				res.PgbenchTPS = tps
+				res.ServiceToPgbenchRatio = res.IdempotentRPS / tps
+				fmt.Fprintf(progress, "pgbench (same SQL, %d clients): %.0f tps; service/pgbench = %.2f\n", cfg.concurrency, tps, res.ServiceToPgbenchRatio)
+			}
+		}
+	}
+	if err := writeOutputs(cfg.out, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// requireLoopback refuses any target that is not on this machine.
+func requireLoopback(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return err
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%q is not a loopback address: the load test only targets this machine", host)
+	}
+	return nil
+}
+
+// client is one principal with its API key.
+type client struct {
+	principal string
+	secret    string
+	hash      []byte
+}
+
+func createClients(ctx context.Context, admin *pgxpool.Pool, n int) ([]client, error) {
+	out := make([]client, 0, n)
+	for i := range n {
+		var k auth.NewKey
+		err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) (err error) {
+			k, err = auth.CreateKey(ctx, tx, fmt.Sprintf("loadtest-%03d", i), []string{auth.ScopePaymentsWrite})
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("create load test key: %w", err)
+		}
+		out = append(out, client{principal: k.PrincipalID.String(), secret: k.Secret, hash: sha256Sum(k.Secret)})
+	}
+	return out, nil
+}
+
+// startAPI builds cmd/api and runs it on a free loopback port, exactly as
+// users run it, with Server-Timing and the benchmark bypass switched on.
+func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(), apiURL string, err error) {
+	dir, err := os.MkdirTemp("", "loadtest-api")
+	if err != nil {
+		return nil, "", err
+	}
+	bin := filepath.Join(dir, "api")
+	fmt.Fprintln(progress, "building cmd/api")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/payments-reference/idempotent-payments/cmd/api")
+	build.Stderr = progress
+	if err := build.Run(); err != nil {
+		return nil, "", fmt.Errorf("build cmd/api: %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	addr := l.Addr().String()
+	l.Close()
+
+	appURL, maintURL := cfg.appDatabaseURL, cfg.maintenanceURL
+	if appURL == "" {
+		appURL = withUser(cfg.databaseURL, "payments_app")
+	}
+	if maintURL == "" {
+		maintURL = withUser(cfg.databaseURL, "payments_maintenance")
+	}
+	logFile, err := os.Create(filepath.Join(cfg.out, "api.log"))
+	if err != nil {
+		return nil, "", err
+	}
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = append(os.Environ(),
+		"ADDR="+addr,
+		"METRICS_ADDR="+cfg.metricsAddr,
+		"PPROF=true",
+		"DATABASE_URL="+appURL,
+		"MAINTENANCE_DATABASE_URL="+maintURL,
+		"MIGRATE_ON_START=false",
+		"SERVER_TIMING=true",
+		"BENCHMARK_IDEMPOTENCY_BYPASS=true",
+		"LOG_LEVEL=warn",
+		fmt.Sprintf("DB_MAX_CONNS=%d", max(32, 2*cfg.concurrency)),
+	)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start api: %w", err)
+	}
+	stop = func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logFile.Close()
+		os.RemoveAll(dir)
+	}
+	apiURL = "http://" + addr
+	if err := waitReady(ctx, apiURL); err != nil {
+		stop()
+		return nil, "", err
+	}
+	return stop, apiURL, nil
+}
+
+func withUser(raw, user string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.User = url.User(user)
+	return u.String()
+}
+
+func tableStats(ctx context.Context, admin *pgxpool.Pool) (Stage, error) {
+	var s Stage
+	err := admin.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM idempotency_keys),
+		       pg_table_size('idempotency_keys'),
+		       pg_relation_size('idempotency_keys_pkey'),
+		       pg_indexes_size('idempotency_keys')`).Scan(&s.TableRows, &s.TableBytes, &s.IndexBytes, &s.AllIndexBytes)
+	if err != nil {
+		return Stage{}, fmt.Errorf("table stats: %w", err)
+	}
+	return s, nil
+}
+
+func describeDatabase(ctx context.Context, admin *pgxpool.Pool, res *Results) error {
+	if err := admin.QueryRow(ctx, `SELECT version()`).Scan(&res.PostgresVersion); err != nil {
+		return err
+	}
+	res.PostgresSettings = map[string]string{}
+	rows, err := admin.Query(ctx, `
+		SELECT name, setting || coalesce(' ' || unit, '') FROM pg_settings
+		WHERE name IN ('shared_buffers', 'effective_cache_size', 'work_mem', 'max_connections', 'fsync',
+		               'synchronous_commit', 'wal_level', 'max_wal_size', 'checkpoint_timeout', 'autovacuum',
+		               'random_page_cost', 'full_page_writes', 'wal_compression')`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return err
+		}
+		res.PostgresSettings[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	res.Machine = machineInfo()
+	return nil
+}
+
+var errNotReady = errors.New("api did not become ready")
