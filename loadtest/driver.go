@@ -87,8 +87,11 @@ func (dr *driver) run(ctx context.Context, path string, d time.Duration, progres
 	var done atomic.Int64
 	var failed atomic.Int64
 	stopProgress := make(chan struct{})
+	// The live line is written from its own goroutine; run waits for it to
+	// stop before returning, so it never writes alongside the caller.
+	var printer sync.WaitGroup
 	if progress != nil {
-		go func() {
+		printer.Go(func() {
 			start := time.Now()
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
@@ -102,7 +105,7 @@ func (dr *driver) run(ctx context.Context, path string, d time.Duration, progres
 						float64(done.Load())/el.Seconds(), failed.Load())
 				}
 			}
-		}()
+		})
 	}
 
 	per := make([][]sample, dr.cfg.concurrency)
@@ -135,6 +138,7 @@ func (dr *driver) run(ctx context.Context, path string, d time.Duration, progres
 	}
 	wg.Wait()
 	close(stopProgress)
+	printer.Wait()
 	var m measurement
 	for _, p := range per {
 		m.samples = append(m.samples, p...)

@@ -9,6 +9,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,8 +62,10 @@ func (l *loader) copyRows(ctx context.Context, n int64, progress io.Writer, labe
 	}
 	var copied atomic.Int64
 	stop := make(chan struct{})
+	var printer sync.WaitGroup
+	defer printer.Wait()
 	defer close(stop)
-	go func() {
+	printer.Go(func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		for {
@@ -73,7 +76,7 @@ func (l *loader) copyRows(ctx context.Context, n int64, progress io.Writer, labe
 				fmt.Fprintf(progress, "\r%s: loading %s/%s rows   ", label, humanCount(copied.Load()), humanCount(n))
 			}
 		}
-	}()
+	})
 
 	now := time.Now()
 	rng := mrand.New(mrand.NewPCG(uint64(now.UnixNano()), 7))
