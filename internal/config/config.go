@@ -89,6 +89,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{
 		Addr:                   ":8080",
+		MetricsAddr:            ":9090",
 		DatabaseURL:            "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
 		MigrateDatabaseURL:     "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
 		MaintenanceDatabaseURL: "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
@@ -190,6 +191,9 @@ func Load(getenv func(string) string) (Config, error) {
 		if p, err := url.Parse(u); err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
 			errs = append(errs, fmt.Errorf("%s: want a postgres:// URL", name))
 		}
+	}
+	if c.MetricsAddr == c.Addr {
+		errs = append(errs, fmt.Errorf("METRICS_ADDR must differ from ADDR (%s): metrics are never served with the API", c.Addr))
 	}
 	if c.LockTimeout >= c.RequestTimeout {
 		errs = append(errs, fmt.Errorf("LOCK_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", c.LockTimeout, c.RequestTimeout))

@@ -19,8 +19,19 @@ func TestDefaults(t *testing.T) {
 	c, err := config.Load(env(nil))
 	require.NoError(t, err)
 	require.Equal(t, config.Defaults(), c)
+	// The documented defaults (README, Configuration).
+	require.Equal(t, ":8080", c.Addr)
+	require.Equal(t, ":9090", c.MetricsAddr)
 	require.Equal(t, 24*time.Hour, c.IdempotencyWindow)
 	require.Equal(t, 25*time.Hour, c.Retention())
+	require.Equal(t, 5*time.Second, c.LockTimeout)
+	require.EqualValues(t, 1<<20, c.MaxBodyBytes)
+	require.Equal(t, 64<<10, c.MaxStoredResponseBytes)
+	require.EqualValues(t, 1_000_000, c.KeyQuota)
+	require.Equal(t, time.Minute, c.SweepInterval)
+	require.False(t, c.ServerTiming)
+	require.False(t, c.BenchmarkIdempotencyBypass)
+	require.False(t, c.Pprof)
 }
 
 func TestOverrides(t *testing.T) {

@@ -51,17 +51,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 			resp, err := renderJSON(http.StatusCreated, p)
 			return idempotency.Outcome{Response: resp, ResourceRef: p.ID.String()}, err
 		},
-		Rederive: func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
-			id, err := uuid.Parse(ref)
-			if err != nil {
-				return idempotency.Response{}, fmt.Errorf("stored payment reference %q: %w", ref, err)
-			}
-			p, err := payments.Get(ctx, tx, id)
-			if err != nil {
-				return idempotency.Response{}, err
-			}
-			return renderJSON(http.StatusCreated, p)
-		},
+		Rederive: rederive(payments.Get),
 	})
 }
 
@@ -95,9 +85,9 @@ func (a *api) createPaymentWithoutIdempotency(w http.ResponseWriter, r *http.Req
 }
 
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	id, err := pathID(r)
 	if err != nil {
-		writeError(w, r, a.log, errNotFound)
+		writeError(w, r, a.log, err)
 		return
 	}
 	var p payments.Payment
@@ -106,6 +96,32 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	a.respond(w, r, p, err)
+}
+
+// pathID reads the {id} path parameter. Anything that is not a UUID cannot
+// name a resource, so it is answered like a missing one.
+func pathID(r *http.Request) (uuid.UUID, error) {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		return uuid.UUID{}, errNotFound
+	}
+	return id, nil
+}
+
+// rederive re-renders a stored 201 response from the resource it showed,
+// read with get, for replays whose body was too large to store.
+func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID) (T, error)) func(context.Context, pgx.Tx, string) (idempotency.Response, error) {
+	return func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
+		id, err := uuid.Parse(ref)
+		if err != nil {
+			return idempotency.Response{}, fmt.Errorf("stored resource reference %q: %w", ref, err)
+		}
+		v, err := get(ctx, tx, id)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		return renderJSON(http.StatusCreated, v)
+	}
 }
 
 // read runs fn in a transaction that sees only the caller's rows.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -79,16 +78,9 @@ func TestConcurrentRequestsWithOneKeyExecuteOnce(t *testing.T) {
 
 	const n = 50
 	responses := make([]response, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			responses[i] = b.post(t, "/v1/payments", k.Secret, "same-key", paymentBody)
-		})
-	}
-	close(start)
-	wg.Wait()
+	concurrently(n, func(i int) {
+		responses[i] = b.post(t, "/v1/payments", k.Secret, "same-key", paymentBody)
+	})
 
 	replayed := 0
 	for _, r := range responses {

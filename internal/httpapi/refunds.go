@@ -7,7 +7,6 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
@@ -31,9 +30,9 @@ type refundList struct {
 }
 
 func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
-	paymentID, err := uuid.Parse(chi.URLParam(r, "id"))
+	paymentID, err := pathID(r)
 	if err != nil {
-		writeError(w, r, a.log, errNotFound)
+		writeError(w, r, a.log, err)
 		return
 	}
 	var in refunds.NewRefund
@@ -84,17 +83,7 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 			resp, err := renderJSON(http.StatusCreated, refund)
 			return idempotency.Outcome{Response: resp, ResourceRef: refund.ID.String()}, err
 		},
-		Rederive: func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
-			id, err := uuid.Parse(ref)
-			if err != nil {
-				return idempotency.Response{}, fmt.Errorf("stored refund reference %q: %w", ref, err)
-			}
-			refund, err := refunds.Get(ctx, tx, id)
-			if err != nil {
-				return idempotency.Response{}, err
-			}
-			return renderJSON(http.StatusCreated, refund)
-		},
+		Rederive: rederive(refunds.Get),
 		// The stored response is shown only while the payment is still the
 		// caller's: row-level security hides it otherwise.
 		Reauthorize: func(ctx context.Context, tx pgx.Tx) error {
@@ -105,9 +94,9 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) listRefunds(w http.ResponseWriter, r *http.Request) {
-	paymentID, err := uuid.Parse(chi.URLParam(r, "id"))
+	paymentID, err := pathID(r)
 	if err != nil {
-		writeError(w, r, a.log, errNotFound)
+		writeError(w, r, a.log, err)
 		return
 	}
 	var list refundList
@@ -122,9 +111,9 @@ func (a *api) listRefunds(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	id, err := pathID(r)
 	if err != nil {
-		writeError(w, r, a.log, errNotFound)
+		writeError(w, r, a.log, err)
 		return
 	}
 	var refund refunds.Refund

@@ -3,7 +3,6 @@ package httpapi_test
 import (
 	"context"
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -86,16 +85,9 @@ func TestConcurrentRefundsNeverOverRefund(t *testing.T) {
 
 	const n = 30 // each refunds 100 of 1000: exactly 10 can succeed
 	statuses := make([]int, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			statuses[i] = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "race-"+itoa(i), `{"amount": 100}`).Status
-		})
-	}
-	close(start)
-	wg.Wait()
+	concurrently(n, func(i int) {
+		statuses[i] = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "race-"+itoa(i), `{"amount": 100}`).Status
+	})
 
 	created, rejected := 0, 0
 	for _, s := range statuses {
@@ -122,16 +114,9 @@ func TestOneRefundKeySentManyTimesRefundsOnce(t *testing.T) {
 
 	const n = 50
 	responses := make([]response, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			responses[i] = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "one-refund", `{"amount": 250}`)
-		})
-	}
-	close(start)
-	wg.Wait()
+	concurrently(n, func(i int) {
+		responses[i] = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "one-refund", `{"amount": 250}`)
+	})
 	for _, r := range responses {
 		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
 		require.Equal(t, responses[0].Body, r.Body)

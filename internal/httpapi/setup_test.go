@@ -248,3 +248,18 @@ func (s *syncBuffer) String() string {
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func randomSuffix() string { return strconv.FormatUint(rand.Uint64(), 36) }
+
+// concurrently runs fn(0..n-1) in n goroutines released at the same moment,
+// and waits for all of them.
+func concurrently(n int, fn func(i int)) {
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			fn(i)
+		})
+	}
+	close(start)
+	wg.Wait()
+}
