@@ -37,6 +37,28 @@ func idempotentRequest(r *http.Request, canonicalBody []byte) (idempotency.Reque
 	}, nil
 }
 
+// validatable is a request body that can check its own fields.
+type validatable interface{ Validate() error }
+
+// parseIdempotent reads a protected POST in the one order every endpoint
+// uses: body (413, 415, invalid JSON), Idempotency-Key, then field
+// validation. All of it happens before the claim, so a rejected request
+// consumes no key and stores nothing.
+func (a *api) parseIdempotent(w http.ResponseWriter, r *http.Request, in validatable) (idempotency.Request, error) {
+	canonical, err := decodeJSON(w, r, a.maxBodyBytes, in)
+	if err != nil {
+		return idempotency.Request{}, err
+	}
+	req, err := idempotentRequest(r, canonical)
+	if err != nil {
+		return idempotency.Request{}, err
+	}
+	if err := in.Validate(); err != nil {
+		return idempotency.Request{}, err
+	}
+	return req, nil
+}
+
 // runIdempotent executes op under the request's key, or replays, and writes
 // the result. Only status, content type and body are stored and replayed;
 // a replay adds Idempotent-Replayed and X-Original-Request-Id.

@@ -27,18 +27,8 @@ func (a *api) paymentRoutes() chi.Router {
 
 func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	var in payments.NewPayment
-	canonical, err := decodeJSON(w, r, a.maxBodyBytes, &in)
+	req, err := a.parseIdempotent(w, r, &in)
 	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	req, err := idempotentRequest(r, canonical)
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	// Validation happens before the claim: a rejected request consumes no key.
-	if err := in.Validate(); err != nil {
 		writeError(w, r, a.log, err)
 		return
 	}

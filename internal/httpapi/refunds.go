@@ -36,17 +36,8 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in refunds.NewRefund
-	canonical, err := decodeJSON(w, r, a.maxBodyBytes, &in)
+	req, err := a.parseIdempotent(w, r, &in)
 	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	req, err := idempotentRequest(r, canonical)
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	if err := in.Validate(); err != nil {
 		writeError(w, r, a.log, err)
 		return
 	}
