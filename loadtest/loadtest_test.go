@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -20,13 +21,25 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // so it cannot rot unnoticed. It proves the pipeline works (build, start,
 // bulk load, drive, baseline, pgbench, report), not any number.
 func TestSmoke(t *testing.T) {
-	db := testdb.New(t)
+	const concurrency, apiConns = 4, 6
+	// The load test's own pool, the API's pool and its maintenance pool of
+	// 2, and pgbench's clients, one per -concurrency.
+	db := testdb.New(t, adminConns+apiConns+2+concurrency)
 	out := t.TempDir()
 	cfg, err := parseFlags([]string{
-		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-concurrency", "4", "-principals", "3",
-		"-database-url", db.AdminURL, "-out", out,
+		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-concurrency", strconv.Itoa(concurrency), "-principals", "3",
+		"-db-max-conns", strconv.Itoa(apiConns), "-database-url", db.AdminURL, "-out", out,
 	})
 	require.NoError(t, err)
+	// The API's own log explains a failed stage; the output directory is
+	// removed with the test, so show it here.
+	t.Cleanup(func() {
+		if t.Failed() {
+			if log, err := os.ReadFile(filepath.Join(out, "api.log")); err == nil {
+				t.Logf("api.log:\n%s", log)
+			}
+		}
+	})
 	var progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -59,7 +59,12 @@ type config struct {
 	pgbenchDuration time.Duration
 	responseBytes   int    // size of the bulk-loaded rows' stored responses
 	metricsAddr     string // the started API's metrics and pprof listener
+	dbMaxConns      int    // the started API's DB_MAX_CONNS
 }
+
+// adminConns is the load test's own pool: one connection loads, one reads
+// the table's statistics.
+const adminConns = 2
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
@@ -81,6 +86,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.pgbench, "pgbench", true, "also run pgbench with the service's SQL, if pgbench is installed")
 	fs.DurationVar(&c.pgbenchDuration, "pgbench-duration", 0, "pgbench run length (default: -duration)")
 	fs.IntVar(&c.responseBytes, "response-bytes", 250, "stored response size of bulk-loaded rows")
+	fs.IntVar(&c.dbMaxConns, "db-max-conns", 0, "DB_MAX_CONNS of the API it starts (default: the larger of 32 and twice -concurrency)")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "off", "metrics and pprof listener of the API it starts, e.g. 127.0.0.1:6060 to profile it under load")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -100,6 +106,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.pgbenchDuration == 0 {
 		c.pgbenchDuration = c.duration
+	}
+	if c.dbMaxConns == 0 {
+		c.dbMaxConns = max(32, 2*c.concurrency)
 	}
 	return c, nil
 }

@@ -80,7 +80,12 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	if err := database.Migrate(ctx, cfg.databaseURL); err != nil {
 		return nil, err
 	}
-	admin, err := pgxpool.New(ctx, cfg.databaseURL)
+	adminCfg, err := pgxpool.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	adminCfg.MaxConns = adminConns
+	admin, err := pgxpool.NewWithConfig(ctx, adminCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +263,7 @@ func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(),
 		"SERVER_TIMING=true",
 		"BENCHMARK_IDEMPOTENCY_BYPASS=true",
 		"LOG_LEVEL=warn",
-		fmt.Sprintf("DB_MAX_CONNS=%d", max(32, 2*cfg.concurrency)),
+		fmt.Sprintf("DB_MAX_CONNS=%d", cfg.dbMaxConns),
 	)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {

@@ -83,7 +83,7 @@ func requireRefused(t *testing.T, tx pgx.Tx, sql string, args ...any) {
 
 func TestServiceRolesAreSubjectToRowLevelSecurity(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	db := testdb.New(t, 2)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, db.AppURL)
 	require.NoError(t, err)
@@ -108,7 +108,7 @@ func TestServiceRolesAreSubjectToRowLevelSecurity(t *testing.T) {
 
 func TestNoPrincipalSeesNothing(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	db := testdb.New(t, 2)
 	a, _ := seed(t, db)
 	asApp(t, db, nil, func(tx pgx.Tx) {
 		for _, table := range tenantTables {
@@ -128,7 +128,7 @@ func TestNoPrincipalSeesNothing(t *testing.T) {
 
 func TestOnePrincipalCannotTouchAnothersRows(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	db := testdb.New(t, 2)
 	a, b := seed(t, db)
 	asApp(t, db, &a, func(tx pgx.Tx) {
 		ctx := context.Background()
@@ -158,7 +158,7 @@ func TestOnePrincipalCannotTouchAnothersRows(t *testing.T) {
 
 func TestMaintenanceRoleSeesNoResponsesAndDeletesOnlyExpiredRows(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	db := testdb.New(t, 2)
 	seed(t, db)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, db.AdminURL)

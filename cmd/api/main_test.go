@@ -25,7 +25,7 @@ func env(vars map[string]string) func(string) string {
 
 func TestKeysCreateAndRevoke(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	db := testdb.New(t, 1)
 	getenv := env(map[string]string{"DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL})
 	ctx := context.Background()
 
@@ -60,7 +60,7 @@ func TestKeysCreateAndRevoke(t *testing.T) {
 
 func TestSweepReportsWhatItDeleted(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	db := testdb.New(t, 3) // admin, and the sweep's maintenance pool of 2
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, db.AdminURL)
 	require.NoError(t, err)
@@ -91,10 +91,12 @@ func TestInvalidConfigStopsTheProgram(t *testing.T) {
 // Prometheus users query, and stops cleanly when its context ends (SIGTERM).
 func TestServe(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	// The service pool (4), the maintenance pool (2), and the owner
+	// connection of migrations and `keys create`.
+	db := testdb.New(t, 8)
 	addr, metricsAddr := freeAddr(t), freeAddr(t)
 	getenv := env(map[string]string{
-		"ADDR": addr, "METRICS_ADDR": metricsAddr, "SERVER_TIMING": "true",
+		"ADDR": addr, "METRICS_ADDR": metricsAddr, "SERVER_TIMING": "true", "DB_MAX_CONNS": "4",
 		"DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL, "MAINTENANCE_DATABASE_URL": db.MaintenanceURL,
 	})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -137,16 +137,20 @@ func TestSpansHoldNoRequestData(t *testing.T) {
 
 func TestServerTimingHeader(t *testing.T) {
 	t.Parallel()
-	off := setup(t)
-	k := off.newKey(t, "acme", allScopes...)
-	require.Empty(t, off.post(t, "/v1/payments", k.Secret, "k", paymentBody).Header.Get("Server-Timing"))
-
-	on := setup(t, func(o *options) { o.serverTiming = true })
-	k = on.newKey(t, "acme", allScopes...)
-	for range 2 { // created, then replayed
-		h := on.post(t, "/v1/payments", k.Secret, "k", paymentBody).Header.Get("Server-Timing")
-		require.Regexp(t, regexp.MustCompile(`^claim;dur=\d+\.\d{3}$`), h)
-	}
+	// One service per subtest: a test holds one database (testdb.New).
+	t.Run("off by default", func(t *testing.T) {
+		off := setup(t)
+		k := off.newKey(t, "acme", allScopes...)
+		require.Empty(t, off.post(t, "/v1/payments", k.Secret, "k", paymentBody).Header.Get("Server-Timing"))
+	})
+	t.Run("on", func(t *testing.T) {
+		on := setup(t, func(o *options) { o.serverTiming = true })
+		k := on.newKey(t, "acme", allScopes...)
+		for range 2 { // created, then replayed
+			h := on.post(t, "/v1/payments", k.Secret, "k", paymentBody).Header.Get("Server-Timing")
+			require.Regexp(t, regexp.MustCompile(`^claim;dur=\d+\.\d{3}$`), h)
+		}
+	})
 }
 
 func TestIdempotencyMetrics(t *testing.T) {

@@ -73,7 +73,7 @@ func TestReplayReturnsTheSameBytes(t *testing.T) {
 
 func TestConcurrentRequestsWithOneKeyExecuteOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(o *options) { o.maxConns = 60 })
+	b := setup(t, func(o *options) { o.maxConns = 8 })
 	k := b.newKey(t, "acme", allScopes...)
 
 	const n = 50
@@ -364,16 +364,20 @@ func TestLogsHoldNoSecrets(t *testing.T) {
 // The load test's baseline route exists only when explicitly enabled.
 func TestBenchmarkBypassIsOffByDefault(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	k := b.newKey(t, "acme", allScopes...)
-	r := b.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
-	requireProblem(t, r, http.StatusNotFound, "not-found")
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
-
-	on := setup(t, func(o *options) { o.benchmarkBypass = true })
-	k = on.newKey(t, "acme", allScopes...)
-	r = on.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
-	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
-	require.Equal(t, 1, on.count(t, `SELECT count(*) FROM payments`))
-	require.Equal(t, 0, on.count(t, `SELECT count(*) FROM idempotency_keys`))
+	// One service per subtest: a test holds one database (testdb.New).
+	t.Run("off by default", func(t *testing.T) {
+		b := setup(t)
+		k := b.newKey(t, "acme", allScopes...)
+		r := b.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
+		requireProblem(t, r, http.StatusNotFound, "not-found")
+		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
+	})
+	t.Run("on", func(t *testing.T) {
+		on := setup(t, func(o *options) { o.benchmarkBypass = true })
+		k := on.newKey(t, "acme", allScopes...)
+		r := on.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+		require.Equal(t, 1, on.count(t, `SELECT count(*) FROM payments`))
+		require.Equal(t, 0, on.count(t, `SELECT count(*) FROM idempotency_keys`))
+	})
 }

@@ -79,7 +79,7 @@ func TestRefundExceedingThePaymentIsStoredAndReplayed(t *testing.T) {
 // them take turns, so the total never exceeds the payment.
 func TestConcurrentRefundsNeverOverRefund(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(o *options) { o.maxConns = 40 })
+	b := setup(t, func(o *options) { o.maxConns = 8 })
 	k := b.newKey(t, "acme", allScopes...)
 	pay := b.createPayment(t, k.Secret, 1000)
 
@@ -108,7 +108,7 @@ func TestConcurrentRefundsNeverOverRefund(t *testing.T) {
 
 func TestOneRefundKeySentManyTimesRefundsOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(o *options) { o.maxConns = 60 })
+	b := setup(t, func(o *options) { o.maxConns = 8 })
 	k := b.newKey(t, "acme", allScopes...)
 	pay := b.createPayment(t, k.Secret, 1000)
 

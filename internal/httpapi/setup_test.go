@@ -64,12 +64,16 @@ type testBundle struct {
 
 func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	t.Helper()
-	o := options{maxConns: 20, acquireTimeout: 5 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10}
+	// A small pool, as the connection budget wants: concurrent requests
+	// queue for a connection, which is what a pool is for, and the generous
+	// acquire timeout keeps a busy shared server from turning a queue into
+	// a 503.
+	o := options{maxConns: 4, acquireTimeout: 15 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10}
 	for _, f := range tweak {
 		f(&o)
 	}
 	ctx := context.Background()
-	b := &testBundle{db: testdb.New(t), logs: &syncBuffer{}, spans: tracetest.NewSpanRecorder(), metrics: sdkmetric.NewManualReader()}
+	b := &testBundle{db: testdb.New(t, setupConns(o)), logs: &syncBuffer{}, spans: tracetest.NewSpanRecorder(), metrics: sdkmetric.NewManualReader()}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(b.spans))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(b.metrics))
 	url := b.db.AppURL
@@ -82,12 +86,15 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	t.Cleanup(pool.Close)
 	b.pool = pool
 
-	admin, err := pgxpool.New(ctx, b.db.AdminURL)
+	adminCfg, err := pgxpool.ParseConfig(b.db.AdminURL)
+	require.NoError(t, err)
+	adminCfg.MaxConns = adminConns
+	admin, err := pgxpool.NewWithConfig(ctx, adminCfg)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 	b.admin = admin
 
-	maint, err := database.Open(ctx, b.db.MaintenanceURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: 5 * time.Second})
+	maint, err := database.Open(ctx, b.db.MaintenanceURL, database.PoolConfig{MaxConns: maintConns, AcquireTimeout: o.acquireTimeout})
 	require.NoError(t, err)
 	t.Cleanup(maint.Close)
 	b.sweeper, err = idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: 100, Pause: time.Millisecond, Retention: 25 * time.Hour, MeterProvider: mp})
@@ -119,7 +126,29 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	b.handler = h
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
+	// The service's own log explains a failure (a 503's cause is logged
+	// there, not sent to the client), so a failing test shows it.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("service log:\n%s", b.logs.String())
+		}
+	})
 	return b
+}
+
+// Connections a bundle holds besides the service pool.
+const (
+	adminConns = 2 // assertions across tenants
+	maintConns = 2 // the sweeper holds one, the store gauges take another
+	// spareConns covers the owner connection newKey opens and one more a
+	// test may open by hand (a lock holder).
+	spareConns = 2
+)
+
+// setupConns is the most connections a bundle built with o holds at once,
+// what it reserves from the run's budget.
+func setupConns(o options) int {
+	return int(o.maxConns) + adminConns + maintConns + spareConns
 }
 
 // newKey creates an API key for principal (created if new) and returns its secret.

@@ -17,7 +17,7 @@ import (
 // the other counts at its next refresh.
 func TestQuotaIsSharedAcrossInstances(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t)
+	db := testdb.New(t, 4)
 	ctx := context.Background()
 	pool, err := database.Open(ctx, db.AppURL, database.PoolConfig{MaxConns: 4, AcquireTimeout: 5 * time.Second})
 	require.NoError(t, err)

@@ -25,9 +25,14 @@ type sweepBundle struct {
 
 func setupSweep(t *testing.T, chunk int) *sweepBundle {
 	t.Helper()
-	db := testdb.New(t)
+	// admin: 2, maintenance: 4 (two sweepers racing, each with a lock
+	// holder, and a test's own holder).
+	db := testdb.New(t, 6)
 	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, db.AdminURL)
+	adminCfg, err := pgxpool.ParseConfig(db.AdminURL)
+	require.NoError(t, err)
+	adminCfg.MaxConns = 2
+	admin, err := pgxpool.NewWithConfig(ctx, adminCfg)
 	require.NoError(t, err)
 	t.Cleanup(admin.Close)
 	maint, err := database.Open(ctx, db.MaintenanceURL, database.PoolConfig{MaxConns: 4, AcquireTimeout: 5 * time.Second})

@@ -9,6 +9,16 @@
 //
 // Migrations run once per test binary into a template database (pgtestdb);
 // each test then gets a cheap copy of it.
+//
+// Connections are budgeted: New takes the most connections the test will
+// hold at once and waits until the whole run (every package's test binary)
+// has that many to spare out of TEST_DB_CONNECTIONS (DefaultBudget). The
+// server enforces each test's share: its database gets a CONNECTION LIMIT,
+// so a test that opens more than it asked for fails with "too many
+// connections for database" instead of crowding out the server's other users.
+//
+// A test that fails keeps its database for inspection and names it in the
+// failure; scripts/drop-test-databases removes every leftover.
 package testdb
 
 import (
@@ -24,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver pgtestdb uses
 	"github.com/peterldowns/pgtestdb"
 	"github.com/testcontainers/testcontainers-go"
@@ -58,11 +69,23 @@ var (
 	serverURL  string
 	serverErr  error
 	container  *tcpostgres.PostgresContainer
+	slots      *budget
+	holders    sync.Map // testing.TB -> true while it holds a reservation
 )
 
 // server returns the admin URL of the PostgreSQL server for this process.
 func server() (string, error) {
 	serverOnce.Do(func() {
+		size, err := budgetSize()
+		if err != nil {
+			serverErr = err
+			return
+		}
+		defer func() {
+			if serverErr == nil {
+				serverErr = openBudget(serverURL, size)
+			}
+		}()
 		if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
 			serverURL = u
 			return
@@ -90,6 +113,16 @@ func server() (string, error) {
 		serverURL, serverErr = c.ConnectionString(ctx, "sslmode=disable")
 	})
 	return serverURL, serverErr
+}
+
+// openBudget opens the connection budget of the server at rawURL.
+func openBudget(rawURL string, size int) error {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return fmt.Errorf("TEST_DATABASE_URL: %w", err)
+	}
+	slots, err = newBudget(u.Host, size)
+	return err
 }
 
 // pingDocker checks that a Docker engine answers. A docker client binary alone
@@ -149,14 +182,41 @@ func (migrator) Migrate(ctx context.Context, _ *sql.DB, conf pgtestdb.Config) er
 	return database.Migrate(ctx, conf.URL())
 }
 
+// minConns is the least a test may ask New for: the first test of a binary
+// creates the template, which takes an admin connection, one to the template
+// and up to two for the migrations, before the test opens any of its own.
+const minConns = 4
+
 // New returns a fresh database for t, dropped when t ends (kept when it
-// fails, for inspection).
-func New(t testing.TB) DB {
+// fails, for inspection), and reserves conns connections of the run's budget
+// until then. conns is the most connections t holds at once, as every role
+// together: pool sizes plus single connections. Open pools after New and close
+// them in t.Cleanup (which runs before the database is dropped) so that the
+// count holds. Values below minConns are raised to it.
+func New(t testing.TB, conns int) DB {
 	t.Helper()
 	admin, err := server()
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A test that held slots and waited for more could deadlock the run
+	// with another doing the same; a test that needs two databases uses a
+	// subtest for each.
+	if _, loaded := holders.LoadOrStore(t, true); loaded {
+		t.Fatal("testdb.New called twice in one test: give each database a subtest of its own")
+	}
+	conns = max(conns, minConns)
+	release, err := slots.acquire(conns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so it runs last: after pgtestdb dropped the database
+	// and closed its own connection.
+	t.Cleanup(func() {
+		release()
+		holders.Delete(t)
+	})
+
 	u, err := url.Parse(admin)
 	if err != nil {
 		t.Fatalf("TEST_DATABASE_URL: %v", err)
@@ -179,14 +239,36 @@ func New(t testing.TB) DB {
 		ForceTerminateConnections: true,
 	}
 	inst := pgtestdb.Custom(t, conf, migrator{})
-	owner := inst.URL()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("testdb: kept database %s for inspection; scripts/drop-test-databases removes every leftover", inst.Database)
+		}
+	})
 	adminURL := *u
 	adminURL.Path = "/" + inst.Database
+	limitConnections(t, adminURL.String(), inst.Database, conns)
+	owner := inst.URL()
 	return DB{
 		OwnerURL:       owner,
 		AppURL:         withUser(owner, "payments_app"),
 		MaintenanceURL: withUser(owner, "payments_maintenance"),
 		AdminURL:       adminURL.String(),
+	}
+}
+
+// limitConnections makes the server refuse a connection to the test's
+// database past its reservation. Superusers are exempt from a database's
+// CONNECTION LIMIT, so AdminURL pools must be counted in conns by hand.
+func limitConnections(t testing.TB, adminURL, name string, conns int) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatalf("testdb: connect to set the connection limit: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s CONNECTION LIMIT %d", pgx.Identifier{name}.Sanitize(), conns)); err != nil {
+		t.Fatalf("testdb: set the connection limit: %v", err)
 	}
 }
 
