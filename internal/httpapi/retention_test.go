@@ -100,6 +100,21 @@ func TestKeyQuota(t *testing.T) {
 	require.Equal(t, 3, b.count(t, `SELECT claims::int FROM idempotency_key_usage WHERE principal_id = $1`, k.PrincipalID))
 }
 
+// An expired key counts as absent on every path, the over-quota one too: a
+// principal at its quota retrying a key past the window gets 429, never the
+// expired response (nor 422 for a different body).
+func TestExpiredKeyIsAbsentWhenOverQuota(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.keyQuota = 1 })
+	k := b.newKey(t, "acme", allScopes...)
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", k.Secret, "old", paymentBody).Status)
+	b.expire(t, "old")
+
+	requireProblem(t, b.post(t, "/v1/payments", k.Secret, "old", paymentBody), http.StatusTooManyRequests, "idempotency-key-quota-exceeded")
+	requireProblem(t, b.post(t, "/v1/payments", k.Secret, "old", `{"amount": 7, "currency": "usd"}`), http.StatusTooManyRequests, "idempotency-key-quota-exceeded")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
+}
+
 // With a tiny cap, the response is stored as a reference and re-derived on
 // replay: the same bytes while the payment is unchanged, its current state
 // once it has changed. The request is never executed twice.
