@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -24,6 +25,14 @@ import (
 // down, or a lock could not be had in time. The request had no effect and can
 // be retried.
 var ErrUnavailable = errors.New("database unavailable")
+
+// ErrOutcomeUnknown means COMMIT was sent but no answer came back: the
+// connection was lost or the request's time ran out while the server was
+// committing. The transaction may have committed or not, and nothing on this
+// side can tell. A client must retry with the same idempotency key, which
+// replays the outcome if there was one and executes once if there was not;
+// retrying with a new key could execute twice.
+var ErrOutcomeUnknown = errors.New("transaction outcome unknown: the connection was lost while committing")
 
 // PoolConfig bounds a pool. Every field must be set.
 type PoolConfig struct {
@@ -147,9 +156,26 @@ func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOpt
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", Classify(err))
+		return fmt.Errorf("commit: %w", classifyCommit(err))
 	}
 	return nil
+}
+
+// classifyCommit tells a COMMIT that certainly did not happen from one whose
+// outcome is unknown. An ERROR from the server (a deferred constraint, a
+// serialization failure) or ROLLBACK for a transaction that had failed is
+// definite: nothing was committed. So is a failure before the COMMIT message
+// left this process. Anything else came after COMMIT was sent, and that
+// includes a FATAL: a backend terminated while committing (an administrator,
+// a failover) may have made the commit durable before it died.
+func classifyCommit(err error) error {
+	var pgErr *pgconn.PgError
+	definite := errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) ||
+		errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC"
+	if definite {
+		return Classify(err)
+	}
+	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 }
 
 // Classify wraps err with ErrUnavailable when it means the database cannot be
@@ -172,9 +198,13 @@ func Classify(err error) error {
 		}
 		return err
 	}
+	// A lost connection before COMMIT: the server rolls the transaction
+	// back when it notices, so the request had no effect. (After COMMIT was
+	// sent, InTenantTx reports ErrOutcomeUnknown instead.)
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error
-	if errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) {
+	if errors.As(err, &connectErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err

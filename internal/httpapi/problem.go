@@ -62,6 +62,7 @@ var (
 	ptQuotaExceeded    = problemType{"idempotency-key-quota-exceeded", "Too many live idempotency keys", http.StatusTooManyRequests}
 	ptInternal         = problemType{"internal-error", "Internal server error", http.StatusInternalServerError}
 	ptUnavailable      = problemType{"service-unavailable", "The service is temporarily unavailable", http.StatusServiceUnavailable}
+	ptOutcomeUnknown   = problemType{"outcome-unknown", "The outcome of the request is unknown", http.StatusServiceUnavailable}
 )
 
 // Errors raised by this package's own request parsing.
@@ -102,6 +103,10 @@ func problemFor(err error) Problem {
 		return newProblem(ptKeyReused, "This Idempotency-Key was already used with a different request body or path. Nothing was executed; use a new key for a new request.")
 	case errors.Is(err, idempotency.ErrQuotaExceeded):
 		return newProblem(ptQuotaExceeded, "This principal holds as many live idempotency keys as its quota allows. Existing keys can still be replayed; new ones are accepted again as old ones expire.").retry(60)
+	// Before ErrUnavailable and DeadlineExceeded, which an unknown outcome
+	// may wrap too: "no effect" would be a lie after COMMIT was sent.
+	case errors.Is(err, database.ErrOutcomeUnknown):
+		return newProblem(ptOutcomeUnknown, "The connection to the database was lost while the request was committing, so it may or may not have taken effect. Retry with the same Idempotency-Key to learn the outcome; never retry with a new key.").retry(1)
 	case errors.Is(err, database.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return newProblem(ptUnavailable, "The request had no effect. Retry after the indicated delay with the same Idempotency-Key.").retry(1)
 	default:

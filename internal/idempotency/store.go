@@ -94,6 +94,12 @@ func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestI
 // this statement takes a new snapshot, so it sees the row of the transaction
 // the claim waited for. It can find nothing when that row was removed since
 // (a sweeper deleting an expired row).
+//
+// A row past its expires_at is outside the published window and counts as
+// absent here too, as in the claim: an over-quota claim offers no row, so it
+// does not take an expired one over, and without this filter its stored
+// response would be replayed past the window. now() is the transaction's
+// start, the same instant the claim compared with.
 func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
 	var r record
 	var status *int16
@@ -101,7 +107,7 @@ func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
 		SELECT state, fingerprint, response_status, coalesce(response_content_type, ''),
 		       coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '')
 		FROM idempotency_keys
-		WHERE principal_id = $1 AND endpoint = $2 AND key = $3`,
+		WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at >= now()`,
 		s.Principal, s.Endpoint, s.Key).
 		Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID, &r.TraceParent)
 	if errors.Is(err, pgx.ErrNoRows) {

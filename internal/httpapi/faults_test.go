@@ -1,0 +1,85 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// cutWhileSleeping terminates the service's backend once a trigger has put it
+// to sleep: the connection dies mid-transaction, as in a network cut or a
+// database failover.
+func (b *testBundle) cutWhileSleeping(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.admin.QueryRow(ctx, `
+			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE usename = 'payments_app' AND datname = current_database() AND wait_event = 'PgSleep'`).Scan(&n)
+		return err == nil && n == 1
+	}, 20*time.Second, 10*time.Millisecond, "the service's backend never reached the trigger's sleep")
+}
+
+// A connection lost before COMMIT was sent cannot have committed anything:
+// 503 with Retry-After (not 500), and the retry with the same key executes.
+func TestConnectionLostBeforeCommitIs503(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	ctx := context.Background()
+	_, err := b.admin.Exec(ctx, `
+		CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$;
+		CREATE TRIGGER stall BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION stall();`)
+	require.NoError(t, err)
+
+	done := make(chan response, 1)
+	go func() { done <- b.post(t, "/v1/payments", k.Secret, "k", paymentBody) }()
+	b.cutWhileSleeping(t)
+	r := <-done
+	requireProblem(t, r, http.StatusServiceUnavailable, "service-unavailable")
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+
+	_, err = b.admin.Exec(ctx, `DROP TRIGGER stall ON payments`)
+	require.NoError(t, err)
+	again := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
+	require.Empty(t, again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
+}
+
+// A connection lost after COMMIT was sent leaves the outcome unknown to the
+// service: it must say so (outcome-unknown), never "no effect". Here the
+// commit did not happen (the deferred trigger runs inside COMMIT and the
+// backend died in it), and the retry with the same key learns that by
+// executing once.
+func TestConnectionLostDuringCommitIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	ctx := context.Background()
+	_, err := b.admin.Exec(ctx, `
+		CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON payments DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION stall();`)
+	require.NoError(t, err)
+
+	done := make(chan response, 1)
+	go func() { done <- b.post(t, "/v1/payments", k.Secret, "k", paymentBody) }()
+	b.cutWhileSleeping(t)
+	r := <-done
+	requireProblem(t, r, http.StatusServiceUnavailable, "outcome-unknown")
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	require.Contains(t, decode(t, r.Body)["detail"], "same Idempotency-Key")
+	require.NotContains(t, decode(t, r.Body)["detail"], "no effect")
+
+	_, err = b.admin.Exec(ctx, `DROP TRIGGER stall ON payments`)
+	require.NoError(t, err)
+	again := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys`))
+}
