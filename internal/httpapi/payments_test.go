@@ -310,6 +310,10 @@ func TestBadRequestsAreProblemsAndStoreNothing(t *testing.T) {
 		{"currency too long", post("k11", `{"amount": 1000, "currency": "usdd"}`), 400, "validation-failed"},
 		{"description too long", post("k12", `{"amount": 1000, "currency": "usd", "description": "`+strings.Repeat("d", 1001)+`"}`), 400, "validation-failed"},
 		{"metadata not strings", post("k13", `{"amount": 1000, "currency": "usd", "metadata": {"a": 1}}`), 400, "validation-failed"},
+		// PostgreSQL text and jsonb cannot hold U+0000: refused here, not a 500 from the database.
+		{"NUL in description", post("k19", `{"amount": 1000, "currency": "usd", "description": "a\u0000b"}`), 400, "validation-failed"},
+		{"NUL in a metadata value", post("k20", `{"amount": 1000, "currency": "usd", "metadata": {"a": "\u0000"}}`), 400, "validation-failed"},
+		{"NUL in a metadata key", post("k21", `{"amount": 1000, "currency": "usd", "metadata": {"a\u0000": "b"}}`), 400, "validation-failed"},
 		{"body too large", post("k14", `{"amount": 1000, "currency": "usd", "description": "`+strings.Repeat("d", 5000)+`"}`), 413, "payload-too-large"},
 		{"wrong content type", call{method: "POST", path: "/v1/payments", secret: k.Secret, key: "k15", body: paymentBody, contentType: "text/plain"}, 415, "unsupported-media-type"},
 		{"no credentials", call{method: "POST", path: "/v1/payments", key: "k16", body: paymentBody}, 401, "unauthenticated"},

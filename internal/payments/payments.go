@@ -60,6 +60,11 @@ type NewPayment struct {
 }
 
 // Validate checks every field and reports all problems at once.
+// noNUL is the message for text with U+0000, which PostgreSQL's text and
+// jsonb cannot store: refused as invalid input instead of failing as a 500
+// when the database rejects it.
+const noNUL = "must not contain the character U+0000"
+
 func (n NewPayment) Validate() error {
 	var c validation.Collector
 	switch {
@@ -73,19 +78,27 @@ func (n NewPayment) Validate() error {
 	} else if !IsCurrency(n.Currency) {
 		c.Add("currency", "must be a three-letter ISO 4217 currency code")
 	}
-	if n.Description != nil && utf8.RuneCountInString(*n.Description) > MaxDescriptionLength {
-		c.Add("description", fmt.Sprintf("must be at most %d characters", MaxDescriptionLength))
+	if n.Description != nil {
+		switch {
+		case utf8.RuneCountInString(*n.Description) > MaxDescriptionLength:
+			c.Add("description", fmt.Sprintf("must be at most %d characters", MaxDescriptionLength))
+		case strings.ContainsRune(*n.Description, 0):
+			c.Add("description", noNUL)
+		}
 	}
 	if len(n.Metadata) > MaxMetadataKeys {
 		c.Add("metadata", fmt.Sprintf("must have at most %d keys", MaxMetadataKeys))
 	}
 	for k, v := range n.Metadata {
-		if k == "" || utf8.RuneCountInString(k) > MaxMetadataKeyLength {
-			c.Add("metadata", fmt.Sprintf("keys must be 1-%d characters", MaxMetadataKeyLength))
+		if k == "" || utf8.RuneCountInString(k) > MaxMetadataKeyLength || strings.ContainsRune(k, 0) {
+			c.Add("metadata", fmt.Sprintf("keys must be 1-%d characters, without U+0000", MaxMetadataKeyLength))
 			break
 		}
-		if utf8.RuneCountInString(v) > MaxMetadataValue {
+		switch {
+		case utf8.RuneCountInString(v) > MaxMetadataValue:
 			c.Add("metadata."+k, fmt.Sprintf("must be at most %d characters", MaxMetadataValue))
+		case strings.ContainsRune(v, 0):
+			c.Add("metadata."+k, noNUL)
 		}
 	}
 	return c.Err()
