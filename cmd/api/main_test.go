@@ -91,8 +91,8 @@ func TestInvalidConfigStopsTheProgram(t *testing.T) {
 // Prometheus users query, and stops cleanly when its context ends (SIGTERM).
 func TestServe(t *testing.T) {
 	t.Parallel()
-	// The service pool (4), the maintenance pool (2), and the owner
-	// connection of migrations and `keys create`.
+	// The service pool (4), the maintenance pool (2), the owner connection
+	// of migrations and `keys create`, and one admin connection.
 	db := testdb.New(t, 8)
 	addr, metricsAddr := freeAddr(t), freeAddr(t)
 	getenv := env(map[string]string{
@@ -125,6 +125,15 @@ func TestServe(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Server-Timing"), "claim;dur=")
+
+	// What serve stores is the published window plus the margin, 24h + 1h
+	// by default: the promise in openapi.yaml, kept by the running binary.
+	admin, err := pgx.Connect(ctx, db.AdminURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var kept time.Duration
+	require.NoError(t, admin.QueryRow(ctx, `SELECT expires_at - created_at FROM idempotency_keys`).Scan(&kept))
+	require.Equal(t, 25*time.Hour, kept)
 
 	resp, err = http.Get("http://" + metricsAddr + "/metrics")
 	require.NoError(t, err)

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	idempotentpayments "github.com/payments-reference/idempotent-payments"
 )
 
 // Config is every setting, with Defaults in one place.
@@ -194,6 +196,11 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.MetricsAddr == c.Addr {
 		errs = append(errs, fmt.Errorf("METRICS_ADDR must differ from ADDR (%s): metrics are never served with the API", c.Addr))
+	}
+	if published, err := idempotentpayments.PublishedWindow(); err != nil {
+		errs = append(errs, err)
+	} else if c.IdempotencyWindow < published {
+		errs = append(errs, fmt.Errorf("IDEMPOTENCY_WINDOW=%s is shorter than the %s that openapi.yaml promises clients (x-idempotency.window-seconds); change both together", c.IdempotencyWindow, published))
 	}
 	if c.LockTimeout >= c.RequestTimeout {
 		errs = append(errs, fmt.Errorf("LOCK_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", c.LockTimeout, c.RequestTimeout))

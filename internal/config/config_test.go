@@ -73,3 +73,13 @@ func fmtAttrs(attrs []any) string {
 	}
 	return s
 }
+
+// The running window can never be shorter than the one openapi.yaml
+// publishes: clients retry on the published promise.
+func TestWindowShorterThanPublishedIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := config.Load(func(k string) string { return map[string]string{"IDEMPOTENCY_WINDOW": "1h"}[k] })
+	require.ErrorContains(t, err, "IDEMPOTENCY_WINDOW=1h0m0s is shorter than the 24h0m0s that openapi.yaml promises")
+	_, err = config.Load(func(k string) string { return map[string]string{"IDEMPOTENCY_WINDOW": "24h"}[k] })
+	require.NoError(t, err)
+}
