@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
@@ -36,12 +37,78 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, maxBytes int64, dst any)
 	if err != nil {
 		return nil, err
 	}
+	if err := exactMembers(body, dst); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		return nil, decodeError(err)
 	}
 	return canonical, nil
+}
+
+// exactMembers refuses what encoding/json would quietly accept: a member
+// name twice in one object (the last wins) and a top-level name that matches
+// a field only when case is ignored ("Amount" for "amount"). The fingerprint
+// is taken over the body's canonical form, which keeps every name as sent, so
+// either would let the fingerprint and what executes disagree: one key could
+// replay a different intent, or refuse the same one. body is valid JSON here.
+func exactMembers(body []byte, dst any) error {
+	known := map[string]bool{}
+	if t := reflect.TypeOf(dst); t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct {
+		for f := range t.Elem().Fields() {
+			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
+				known[name] = true
+			}
+		}
+	}
+	type frame struct {
+		names      map[string]bool // nil for an array
+		expectName bool
+	}
+	var stack []*frame
+	dec := json.NewDecoder(bytes.NewReader(body))
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", idempotency.ErrBodyNotJSON, err)
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{names: map[string]bool{}, expectName: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		default:
+			if top := len(stack) - 1; top >= 0 && stack[top].expectName {
+				name := tok.(string)
+				if stack[top].names[name] {
+					return fieldError(name, "appears more than once")
+				}
+				stack[top].names[name] = true
+				if top == 0 && len(known) > 0 && !known[name] {
+					return fieldError(name, "is not a known field (names are case-sensitive)")
+				}
+				stack[top].expectName = false
+				continue
+			}
+		}
+		// A value ended: in an object, a name comes next.
+		if top := len(stack) - 1; top >= 0 && stack[top].names != nil {
+			stack[top].expectName = true
+		}
+	}
+}
+
+func fieldError(field, message string) error {
+	return &validation.Error{Fields: []validation.FieldError{{Field: field, Message: message}}}
 }
 
 // decodeError turns a decoding error of well-formed JSON into field errors.

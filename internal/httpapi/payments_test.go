@@ -385,3 +385,30 @@ func TestBenchmarkBypassIsOffByDefault(t *testing.T) {
 		require.Equal(t, 0, on.count(t, `SELECT count(*) FROM idempotency_keys`))
 	})
 }
+
+// The fingerprint distinguishes exactly what the handler distinguishes: a
+// member name twice or in another case is refused (400) before the key is
+// claimed, so one key can neither replay a different intent nor refuse the
+// same one.
+func TestMemberNamesAreExact(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	for i, body := range []string{
+		`{"amount": 1, "Amount": 1000, "currency": "usd"}`,
+		`{"Amount": 1000, "amount": 1, "currency": "usd"}`,
+		`{"AMOUNT": 7, "currency": "usd"}`,
+		`{"amount": 7, "amount": 8, "currency": "usd"}`,
+		`{"amount": 7, "currency": "usd", "metadata": {"a": "1", "a": "2"}}`,
+	} {
+		r := b.post(t, "/v1/payments", k.Secret, "k"+itoa(i), body)
+		requireProblem(t, r, http.StatusBadRequest, "validation-failed")
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM idempotency_keys`))
+
+	// Nested objects and arrays of the same names are fine; metadata keys
+	// are the client's own and case-sensitive.
+	r := b.post(t, "/v1/payments", k.Secret, "ok", `{"amount": 7, "currency": "usd", "metadata": {"amount": "1", "Amount": "2"}}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+}

@@ -59,12 +59,12 @@ type NewPayment struct {
 	Metadata    map[string]string `json:"metadata"`
 }
 
-// Validate checks every field and reports all problems at once.
 // noNUL is the message for text with U+0000, which PostgreSQL's text and
 // jsonb cannot store: refused as invalid input instead of failing as a 500
 // when the database rejects it.
 const noNUL = "must not contain the character U+0000"
 
+// Validate checks every field and reports all problems at once.
 func (n NewPayment) Validate() error {
 	var c validation.Collector
 	switch {
