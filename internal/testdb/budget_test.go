@@ -15,6 +15,21 @@ func testBudget(t *testing.T, size int) *budget {
 	return &budget{dir: t.TempDir(), size: size}
 }
 
+// acquireAsync asks b for n slots in another goroutine and delivers the
+// release function once they are held.
+func acquireAsync(t *testing.T, b *budget, n int) <-chan func() {
+	got := make(chan func(), 1)
+	go func() {
+		release, err := b.acquire(n)
+		if err != nil {
+			t.Error(err)
+			release = func() {}
+		}
+		got <- release
+	}()
+	return got
+}
+
 // A request waits while the others hold too many slots, and goes on as soon
 // as enough are freed.
 func TestBudgetWaitsForSlots(t *testing.T) {
@@ -23,15 +38,7 @@ func TestBudgetWaitsForSlots(t *testing.T) {
 	releaseFirst, err := b.acquire(2)
 	require.NoError(t, err)
 
-	got := make(chan func(), 1)
-	go func() {
-		release, err := b.acquire(2)
-		if err != nil {
-			t.Error(err)
-			release = func() {}
-		}
-		got <- release
-	}()
+	got := acquireAsync(t, b, 2)
 	select {
 	case <-got:
 		t.Fatal("4 slots held out of a budget of 3")
@@ -71,15 +78,7 @@ func TestBudgetIsSharedWithOtherProcesses(t *testing.T) {
 		return err == errBusy
 	}, 10*time.Second, 10*time.Millisecond, "the other process took the slot")
 
-	got := make(chan func(), 1)
-	go func() {
-		release, err := b.acquire(1)
-		if err != nil {
-			t.Error(err)
-			release = func() {}
-		}
-		got <- release
-	}()
+	got := acquireAsync(t, b, 1)
 	select {
 	case <-got:
 		t.Fatal("a slot held by another process was handed out")
