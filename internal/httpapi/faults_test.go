@@ -9,12 +9,20 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// cutWhileSleeping terminates the service's backend once a trigger has put it
-// to sleep: the connection dies mid-transaction, as in a network cut or a
-// database failover.
-func (b *testBundle) cutWhileSleeping(t *testing.T) {
+// postCutInTrigger sends a payment while trigger (a CREATE TRIGGER naming
+// "stall" on payments, which calls stall()) puts the service's backend to
+// sleep, terminates that backend as a network cut or a failover would, and
+// returns what the client saw. The trigger is gone afterwards.
+func (b *testBundle) postCutInTrigger(t *testing.T, secret, key, trigger string) response {
 	t.Helper()
 	ctx := context.Background()
+	_, err := b.admin.Exec(ctx, `CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$;`+trigger)
+	require.NoError(t, err)
+
+	// b.post fails the test from its goroutine by ending it, so the result
+	// is awaited with a bound rather than forever.
+	done := make(chan response, 1)
+	go func() { done <- b.post(t, "/v1/payments", secret, key, paymentBody) }()
 	require.Eventually(t, func() bool {
 		var n int
 		err := b.admin.QueryRow(ctx, `
@@ -22,6 +30,16 @@ func (b *testBundle) cutWhileSleeping(t *testing.T) {
 			WHERE usename = 'payments_app' AND datname = current_database() AND wait_event = 'PgSleep'`).Scan(&n)
 		return err == nil && n == 1
 	}, 20*time.Second, 10*time.Millisecond, "the service's backend never reached the trigger's sleep")
+	var r response
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no response after the connection was cut")
+	}
+
+	_, err = b.admin.Exec(ctx, `DROP TRIGGER stall ON payments`)
+	require.NoError(t, err)
+	return r
 }
 
 // A connection lost before COMMIT was sent cannot have committed anything:
@@ -30,21 +48,10 @@ func TestConnectionLostBeforeCommitIs503(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	k := b.newKey(t, "acme", allScopes...)
-	ctx := context.Background()
-	_, err := b.admin.Exec(ctx, `
-		CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NEW; END $$;
-		CREATE TRIGGER stall BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION stall();`)
-	require.NoError(t, err)
-
-	done := make(chan response, 1)
-	go func() { done <- b.post(t, "/v1/payments", k.Secret, "k", paymentBody) }()
-	b.cutWhileSleeping(t)
-	r := <-done
+	r := b.postCutInTrigger(t, k.Secret, "k", `CREATE TRIGGER stall BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION stall();`)
 	requireProblem(t, r, http.StatusServiceUnavailable, "service-unavailable")
 	require.Equal(t, "1", r.Header.Get("Retry-After"))
 
-	_, err = b.admin.Exec(ctx, `DROP TRIGGER stall ON payments`)
-	require.NoError(t, err)
 	again := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
 	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
 	require.Empty(t, again.Header.Get("Idempotent-Replayed"))
@@ -60,24 +67,13 @@ func TestConnectionLostDuringCommitIsOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	k := b.newKey(t, "acme", allScopes...)
-	ctx := context.Background()
-	_, err := b.admin.Exec(ctx, `
-		CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
-		CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON payments DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW EXECUTE FUNCTION stall();`)
-	require.NoError(t, err)
-
-	done := make(chan response, 1)
-	go func() { done <- b.post(t, "/v1/payments", k.Secret, "k", paymentBody) }()
-	b.cutWhileSleeping(t)
-	r := <-done
+	r := b.postCutInTrigger(t, k.Secret, "k", `CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON payments
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall();`)
 	requireProblem(t, r, http.StatusServiceUnavailable, "outcome-unknown")
 	require.Equal(t, "1", r.Header.Get("Retry-After"))
 	require.Contains(t, decode(t, r.Body)["detail"], "same Idempotency-Key")
 	require.NotContains(t, decode(t, r.Body)["detail"], "no effect")
 
-	_, err = b.admin.Exec(ctx, `DROP TRIGGER stall ON payments`)
-	require.NoError(t, err)
 	again := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
 	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
