@@ -2,7 +2,9 @@ package httpapi_test
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -78,4 +80,39 @@ func TestConnectionLostDuringCommitIsOutcomeUnknown(t *testing.T) {
 	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys`))
+}
+
+// A client that sends its body too slowly for the server's ReadTimeout made
+// the mistake, not the server: 408 request-timeout, no ERROR in the log,
+// nothing claimed, and the same key then works.
+func TestSlowBodyIs408(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	srv := httptest.NewUnstartedServer(b.handler)
+	srv.Config.ReadTimeout = 300 * time.Millisecond
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	body, stall := io.Pipe()
+	t.Cleanup(func() { stall.Close() })
+	go func() { _, _ = stall.Write([]byte(`{"amount":`)) }()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/payments", body)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+k.Secret)
+	req.Header.Set("Idempotency-Key", "slow")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	r := response{Status: resp.StatusCode, Header: resp.Header, Body: got}
+	checkContract(t, req, r)
+	requireProblem(t, r, http.StatusRequestTimeout, "request-timeout")
+	require.NotContains(t, b.logs.String(), `"level":"ERROR"`)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM idempotency_keys`))
+
+	again := b.post(t, "/v1/payments", k.Secret, "slow", paymentBody)
+	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 
@@ -26,7 +27,13 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, maxBytes int64, dst any)
 		return nil, errPayloadTooLarge
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read body: %w", err)
+		// Failing to read the body is the client's doing: it was too slow
+		// for the server's ReadTimeout, or it went away mid-body. Either way
+		// nothing was claimed, and it is no server fault to log as one.
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("read body: %w: %w", errBodyTimeout, err)
+		}
+		return nil, fmt.Errorf("read body: %w: %w", idempotency.ErrBodyNotJSON, err)
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")

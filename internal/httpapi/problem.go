@@ -55,6 +55,7 @@ var (
 	ptNotFound         = problemType{"not-found", "Not found", http.StatusNotFound}
 	ptMethodNotAllowed = problemType{"method-not-allowed", "Method not allowed", http.StatusMethodNotAllowed}
 	ptInProgress       = problemType{"idempotency-request-in-progress", "A request with this Idempotency-Key is in progress", http.StatusConflict}
+	ptRequestTimeout   = problemType{"request-timeout", "The request body did not arrive in time", http.StatusRequestTimeout}
 	ptTooLarge         = problemType{"payload-too-large", "The request body is too large", http.StatusRequestEntityTooLarge}
 	ptMediaType        = problemType{"unsupported-media-type", "The request body must be application/json", http.StatusUnsupportedMediaType}
 	ptKeyReused        = problemType{"idempotency-key-reused", "Idempotency-Key was used for a different request", http.StatusUnprocessableEntity}
@@ -69,6 +70,7 @@ var (
 var (
 	errUnsupportedMediaType = errors.New("content type must be application/json")
 	errPayloadTooLarge      = errors.New("request body too large")
+	errBodyTimeout          = errors.New("request body did not arrive before the read deadline")
 	errNotFound             = errors.New("no such resource")
 	errMethodNotAllowed     = errors.New("method not allowed for this resource")
 )
@@ -95,6 +97,8 @@ func problemFor(err error) Problem {
 		return newProblem(ptMethodNotAllowed, "This resource does not support that method.")
 	case errors.Is(err, idempotency.ErrRequestInProgress):
 		return newProblem(ptInProgress, "Another request with this Idempotency-Key has not finished. Retry after the indicated delay to get its result.").retry(1)
+	case errors.Is(err, errBodyTimeout):
+		return newProblem(ptRequestTimeout, "The request body did not arrive completely before the server's read deadline. Nothing was executed; send it again with the same Idempotency-Key.")
 	case errors.Is(err, errPayloadTooLarge):
 		return newProblem(ptTooLarge, "The request body exceeds the size limit.")
 	case errors.Is(err, errUnsupportedMediaType):
