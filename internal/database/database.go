@@ -120,6 +120,10 @@ type TxOptions struct {
 	// LockTimeout bounds every lock wait in the transaction, including the
 	// wait of a duplicate request on the unique index. Zero means no bound.
 	LockTimeout time.Duration
+	// ReadOnly begins the transaction READ ONLY. Such a transaction cannot
+	// have had an effect, so a failure at COMMIT is ErrUnavailable, never
+	// ErrOutcomeUnknown: a read is simply retried.
+	ReadOnly bool
 }
 
 // InTenantTx runs fn in one READ COMMITTED transaction in which row-level
@@ -138,8 +142,12 @@ func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOpt
 	}
 	defer conn.Release()
 
-	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT set_config('app.principal_id', '%s', true); SET LOCAL lock_timeout = %d",
-		principal.String(), opts.LockTimeout.Milliseconds())
+	mode := "READ WRITE"
+	if opts.ReadOnly {
+		mode = "READ ONLY"
+	}
+	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED %s; SELECT set_config('app.principal_id', '%s', true); SET LOCAL lock_timeout = %d",
+		mode, principal.String(), opts.LockTimeout.Milliseconds())
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 	if err != nil {
 		return fmt.Errorf("begin: %w", Classify(err))
@@ -156,6 +164,9 @@ func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOpt
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if opts.ReadOnly {
+			return fmt.Errorf("commit: %w", Classify(err))
+		}
 		return fmt.Errorf("commit: %w", classifyCommit(err))
 	}
 	return nil
@@ -194,6 +205,11 @@ func Classify(err error) error {
 			"40P01", "40001": // deadlock_detected, serialization_failure
 			// All of these rolled the transaction back; the same request
 			// can simply be retried.
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		// A FATAL ends the session, and with it any open transaction:
+		// idle_in_transaction_session_timeout, a terminated backend.
+		if pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return err

@@ -114,13 +114,13 @@ func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID) (T, err
 	}
 }
 
-// read runs fn in a transaction that sees only the caller's rows.
+// read runs fn in a read-only transaction that sees only the caller's rows.
 func (a *api) read(r *http.Request, fn func(context.Context, pgx.Tx) error) error {
 	p, ok := auth.FromContext(r.Context())
 	if !ok {
 		return auth.ErrUnauthenticated
 	}
-	return database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{}, func(tx pgx.Tx) error {
+	return database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
 		return fn(r.Context(), tx)
 	})
 }

@@ -1,0 +1,102 @@
+package database_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// openPool opens a pool as the database owner, which may create tables.
+func openPool(t *testing.T) *database.Pool {
+	t.Helper()
+	db := testdb.New(t, 4)
+	pool, err := database.Open(context.Background(), db.OwnerURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// dieBeforeCommit makes the server end the session while fn's caller is
+// still holding the transaction open, so COMMIT meets a dead backend.
+func dieBeforeCommit(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 50`); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond)
+	return nil
+}
+
+// A read-only transaction cannot have had an effect, so losing it at COMMIT
+// is a plain "unavailable": the read is retried. A read-write one lost at
+// COMMIT is an unknown outcome, which must never be reported as "no effect".
+func TestCommitFailureIsUnknownOnlyForWrites(t *testing.T) {
+	t.Parallel()
+	pool := openPool(t)
+	ctx := context.Background()
+	for _, readOnly := range []bool{true, false} {
+		err := database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{ReadOnly: readOnly}, func(tx pgx.Tx) error {
+			return dieBeforeCommit(ctx, tx)
+		})
+		require.Error(t, err)
+		if readOnly {
+			require.ErrorIs(t, err, database.ErrUnavailable)
+			require.NotErrorIs(t, err, database.ErrOutcomeUnknown)
+		} else {
+			require.ErrorIs(t, err, database.ErrOutcomeUnknown)
+		}
+	}
+}
+
+// A session the server ended before COMMIT (idle_in_transaction timeout,
+// a terminated backend) rolled back: the next statement's FATAL is 503 with
+// "no effect", not a 500.
+func TestFatalBeforeCommitIsUnavailable(t *testing.T) {
+	t.Parallel()
+	pool := openPool(t)
+	ctx := context.Background()
+	err := database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
+		if err := dieBeforeCommit(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT 1`)
+		return database.Classify(err)
+	})
+	require.ErrorIs(t, err, database.ErrUnavailable)
+	require.NotErrorIs(t, err, database.ErrOutcomeUnknown)
+}
+
+// The request's time running out while the server commits leaves the
+// outcome unknown. Here it did not commit: giving up, pgx sends a cancel
+// request, which stops the deferred trigger. A cancel that arrives once the
+// commit record is written changes nothing, and the client cannot tell the
+// two apart, so the label must be "unknown" either way.
+func TestTimeoutDuringCommitIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	pool := openPool(t)
+	ctx := context.Background()
+	require.NoError(t, database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `
+			CREATE TABLE t (x int);
+			CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;
+			CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall();`)
+		return err
+	}))
+
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err := database.InTenantTx(rctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(rctx, `INSERT INTO t VALUES (1)`)
+		return err
+	})
+	require.ErrorIs(t, err, database.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
