@@ -124,12 +124,12 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		}
 	}()
 	sqlTracer := otelpgx.NewTracer(otelpgx.WithTracerProvider(tel.TracerProvider), otelpgx.WithMeterProvider(tel.MeterProvider))
-	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout, Tracer: sqlTracer})
+	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout, Tracer: sqlTracer, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout})
+	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {
 		return err
 	}
@@ -247,7 +247,7 @@ func metricsMux(tel *telemetry.Telemetry, withPprof bool) http.Handler {
 // sweep deletes expired keys once, for operators and cron, and reports what
 // it did and what in-progress claims it saw.
 func sweep(ctx context.Context, cfg config.Config, stdout io.Writer) error {
-	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout})
+	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {
 		return err
 	}

@@ -49,6 +49,10 @@ type Config struct {
 	// LockTimeout bounds the wait for a concurrent request with the same
 	// idempotency key; past it the request gets 409 (LOCK_TIMEOUT).
 	LockTimeout time.Duration
+	// DBIdleInTxTimeout ends a database session whose transaction has sat
+	// idle this long (DB_IDLE_IN_TX_TIMEOUT): the bound on how long a key
+	// stays locked after its holder vanished without closing its connection.
+	DBIdleInTxTimeout time.Duration
 	// IdempotencyWindow is the published retry window (IDEMPOTENCY_WINDOW).
 	IdempotencyWindow time.Duration
 	// IdempotencyMargin is kept beyond the window before a key may be
@@ -99,6 +103,7 @@ func Defaults() Config {
 		DBMaxConns:             32,
 		DBAcquireTimeout:       2 * time.Second,
 		LockTimeout:            5 * time.Second,
+		DBIdleInTxTimeout:      10 * time.Second,
 		IdempotencyWindow:      24 * time.Hour,
 		IdempotencyMargin:      time.Hour,
 		MaxBodyBytes:           1 << 20,
@@ -173,6 +178,7 @@ func Load(getenv func(string) string) (Config, error) {
 	integer("DB_MAX_CONNS", 1, 1000, func(n int64) { c.DBMaxConns = int32(n) })
 	dur("DB_ACQUIRE_TIMEOUT", &c.DBAcquireTimeout, time.Millisecond)
 	dur("LOCK_TIMEOUT", &c.LockTimeout, time.Millisecond)
+	dur("DB_IDLE_IN_TX_TIMEOUT", &c.DBIdleInTxTimeout, 100*time.Millisecond)
 	dur("IDEMPOTENCY_WINDOW", &c.IdempotencyWindow, time.Minute)
 	dur("IDEMPOTENCY_MARGIN", &c.IdempotencyMargin, 0)
 	integer("MAX_BODY_BYTES", 1024, 64<<20, func(n int64) { c.MaxBodyBytes = n })
@@ -227,6 +233,7 @@ func (c Config) LogAttrs() []any {
 		slog.Int("db_max_conns", int(c.DBMaxConns)),
 		slog.String("db_acquire_timeout", c.DBAcquireTimeout.String()),
 		slog.String("lock_timeout", c.LockTimeout.String()),
+		slog.String("db_idle_in_tx_timeout", c.DBIdleInTxTimeout.String()),
 		slog.String("idempotency_window", c.IdempotencyWindow.String()),
 		slog.String("idempotency_margin", c.IdempotencyMargin.String()),
 		slog.Int64("max_body_bytes", c.MaxBodyBytes),

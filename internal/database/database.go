@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,6 +44,25 @@ type PoolConfig struct {
 	AcquireTimeout time.Duration
 	// Tracer, when set, traces every statement (otelpgx in production).
 	Tracer pgx.QueryTracer
+	// IdleInTxTimeout, when positive, makes the server end a session whose
+	// transaction has been idle this long. A request's transaction is never
+	// idle for more than the moments between its statements, so this only
+	// ever ends a transaction whose client has vanished, typically behind a
+	// half-open connection: without it that transaction holds its key's row
+	// lock until TCP gives up, hours later.
+	IdleInTxTimeout time.Duration
+}
+
+// Server-side TCP settings for every session, so PostgreSQL notices a peer
+// that vanished: an idle session in about 10+3*5 = 25 s (keepalives), one
+// blocked sending to it in 30 s (tcp_user_timeout). The client side uses the
+// same keepalives. They bound what idle_in_transaction_session_timeout does
+// not: a session the server is writing to, or one outside a transaction.
+var serverTCPParams = map[string]string{
+	"tcp_keepalives_idle":     "10",
+	"tcp_keepalives_interval": "5",
+	"tcp_keepalives_count":    "3",
+	"tcp_user_timeout":        "30000", // milliseconds
 }
 
 // Pool is a pgx pool whose every use waits a bounded time for a connection.
@@ -64,6 +84,18 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*Pool, error) {
 	if cfg.Tracer != nil {
 		pc.ConnConfig.Tracer = cfg.Tracer
 	}
+	// Settings in the URL win: an operator may know better for their network.
+	params := pc.ConnConfig.RuntimeParams
+	for k, v := range serverTCPParams {
+		if _, set := params[k]; !set {
+			params[k] = v
+		}
+	}
+	if _, set := params["idle_in_transaction_session_timeout"]; !set && cfg.IdleInTxTimeout > 0 {
+		params["idle_in_transaction_session_timeout"] = strconv.FormatInt(cfg.IdleInTxTimeout.Milliseconds(), 10)
+	}
+	dialer := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
+	pc.ConnConfig.DialFunc = dialer.DialContext
 	// Without a connect timeout a request for an unreachable host would hang
 	// until its context ends; with one it fails fast and maps to 503.
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > cfg.AcquireTimeout {

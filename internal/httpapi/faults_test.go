@@ -5,10 +5,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
 )
 
 // postCutInTrigger sends a payment while trigger (a CREATE TRIGGER naming
@@ -115,4 +118,48 @@ func TestSlowBodyIs408(t *testing.T) {
 
 	again := b.post(t, "/v1/payments", k.Secret, "slow", paymentBody)
 	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
+}
+
+// A holder that vanishes behind a half-open connection, with its COMMIT lost
+// on the way, leaves PostgreSQL holding the claim's row lock in a transaction
+// nobody will finish. The pool's idle_in_transaction_session_timeout ends it:
+// the key is locked (409) only until then, and the retry then executes once.
+// Without the timeout the retries get 409 until TCP gives up, hours later.
+func TestVanishedHolderFreesTheKeyWithinTheBound(t *testing.T) {
+	t.Parallel()
+	const idleInTx = 3 * time.Second
+	b := setup(t, func(o *options) {
+		o.faultProxy = true
+		o.idleInTx = idleInTx
+		o.requestTimeout = time.Second
+		o.lockTimeout = 300 * time.Millisecond
+	})
+	k := b.newKey(t, "acme", allScopes...)
+	var once sync.Once
+	b.proxy.OnCommit(func() faultproxy.Action {
+		action := faultproxy.Forward
+		once.Do(func() { action = faultproxy.HalfOpen })
+		return action
+	})
+
+	first := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+	requireProblem(t, first, http.StatusServiceUnavailable, "outcome-unknown")
+	require.Equal(t, 1, b.proxy.Held(), "the database side is held open")
+
+	locked := 0
+	deadline := time.Now().Add(idleInTx + 10*time.Second)
+	var r response
+	for time.Now().Before(deadline) {
+		r = b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+		if r.Status != http.StatusConflict {
+			break
+		}
+		locked++
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Equal(t, http.StatusCreated, r.Status, "the key was still locked %s after its holder vanished; body: %s", idleInTx+10*time.Second, r.Body)
+	require.Empty(t, r.Header.Get("Idempotent-Replayed"), "the lost COMMIT never reached the server")
+	require.Positive(t, locked, "the vanished holder never held the key: the fault was not injected")
+	require.Equal(t, 0, b.proxy.Held(), "the server ended the abandoned session")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	neturl "net/url"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
@@ -44,6 +46,11 @@ type options struct {
 	serverTiming    bool
 	benchmarkBypass bool
 	databaseURL     string // overrides the test database's service-role URL
+	requestTimeout  time.Duration
+	idleInTx        time.Duration // the pool's IdleInTxTimeout
+	// faultProxy puts a faultproxy.Proxy between the service pool and the
+	// database, as testBundle.proxy.
+	faultProxy bool
 }
 
 // testBundle is a running API on its own database.
@@ -57,6 +64,7 @@ type testBundle struct {
 	// quota is nil unless options.keyQuota is set; tests call Flush.
 	quota   *idempotency.Quota
 	sweeper *idempotency.Sweeper
+	proxy   *faultproxy.Proxy // nil unless options.faultProxy
 	// spans and metrics record what the service reported.
 	spans   *tracetest.SpanRecorder
 	metrics *sdkmetric.ManualReader
@@ -68,7 +76,8 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	// queue for a connection, which is what a pool is for, and the generous
 	// acquire timeout keeps a busy shared server from turning a queue into
 	// a 503.
-	o := options{maxConns: 4, acquireTimeout: 15 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10}
+	o := options{maxConns: 4, acquireTimeout: 15 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10,
+		requestTimeout: 30 * time.Second}
 	for _, f := range tweak {
 		f(&o)
 	}
@@ -80,8 +89,17 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	if o.databaseURL != "" {
 		url = o.databaseURL
 	}
+	if o.faultProxy {
+		u, err := neturl.Parse(url)
+		require.NoError(t, err)
+		b.proxy, err = faultproxy.Start(u.Host)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = b.proxy.Close() })
+		url, err = b.proxy.Via(url)
+		require.NoError(t, err)
+	}
 	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout,
-		Tracer: otelpgx.NewTracer(otelpgx.WithTracerProvider(tp))})
+		Tracer: otelpgx.NewTracer(otelpgx.WithTracerProvider(tp)), IdleInTxTimeout: o.idleInTx})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	b.pool = pool
@@ -121,7 +139,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		ServerTiming:    o.serverTiming,
 		BenchmarkBypass: o.benchmarkBypass,
 		MaxBodyBytes:    o.maxBodyBytes,
-		RequestTimeout:  30 * time.Second,
+		RequestTimeout:  o.requestTimeout,
 	})
 	b.handler = h
 	b.srv = httptest.NewServer(h)
