@@ -23,7 +23,7 @@ import (
 // more per payment than the service: 7 against 6.
 const pgbenchScript = `\set amount random(1, 100000)
 \set k random(1, 1000000000000)
-SELECT id, principal_id, scopes FROM api_keys WHERE secret_hash = '\x{{HASH}}'::bytea AND revoked_at IS NULL;
+SELECT key_id, principal_id, scopes FROM authenticate_api_key('\x{{HASH}}'::bytea);
 BEGIN ISOLATION LEVEL READ COMMITTED;
 SELECT set_config('app.principal_id', '{{PRINCIPAL}}', true), set_config('lock_timeout', '5000', true);
 INSERT INTO idempotency_keys AS k (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at) SELECT '{{PRINCIPAL}}'::uuid, 'POST /v1/payments', 'pgbench-' || :client_id || '-' || :k, 'in_progress', sha256(('pgbench' || :k)::bytea), 'req_pgbench', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', now() + 90000000 * interval '1 millisecond' WHERE true ON CONFLICT (principal_id, endpoint, key) DO UPDATE SET state = 'in_progress', fingerprint = EXCLUDED.fingerprint, response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL, correlation_id = EXCLUDED.correlation_id, trace_parent = EXCLUDED.trace_parent, created_at = now(), expires_at = EXCLUDED.expires_at WHERE k.expires_at < now() RETURNING created_at;

@@ -183,3 +183,78 @@ func TestMaintenanceRoleSeesNoResponsesAndDeletesOnlyExpiredRows(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "only the expired row")
 }
+
+// The service role authenticates through authenticate_api_key and cannot read
+// keys or principals; it updates only the columns the service changes; it
+// adds quota claims only through add_idempotency_key_claims.
+func TestServiceRoleHasLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, 2)
+	a, b := seed(t, db)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, db.AdminURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	live, revoked := uuid.New(), uuid.New()
+	_, err = admin.Exec(ctx, `INSERT INTO principals (id, name) VALUES ($1, 'acme')`, a)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `INSERT INTO api_keys (id, principal_id, secret_hash, scopes, revoked_at)
+		VALUES ($2, $1, sha256('live'), '{payments:read}', NULL), ($3, $1, sha256('revoked'), '{payments:read}', now())`,
+		a, live, revoked)
+	require.NoError(t, err)
+
+	asApp(t, db, &a, func(tx pgx.Tx) {
+		requireRefused(t, tx, `SELECT count(*) FROM api_keys`)
+		requireRefused(t, tx, `SELECT count(*) FROM principals`)
+
+		var id uuid.UUID
+		require.NoError(t, tx.QueryRow(ctx, `SELECT key_id FROM authenticate_api_key(sha256('live'))`).Scan(&id))
+		require.Equal(t, live, id)
+		require.Zero(t, count(t, tx, `SELECT count(*) FROM authenticate_api_key(sha256('revoked'))`))
+		// A temporary table of the caller's cannot stand in for api_keys
+		// inside the SECURITY DEFINER function.
+		_, err := tx.Exec(ctx, `
+			CREATE TEMP TABLE api_keys (id uuid, principal_id uuid, secret_hash bytea, scopes text[], revoked_at timestamptz);
+			INSERT INTO pg_temp.api_keys VALUES (gen_random_uuid(), gen_random_uuid(), sha256('forged'), '{payments:write}', NULL);`)
+		require.NoError(t, err)
+		require.Zero(t, count(t, tx, `SELECT count(*) FROM authenticate_api_key(sha256('forged'))`))
+
+		_, err = tx.Exec(ctx, `UPDATE payments SET amount_refunded = amount_refunded`)
+		require.NoError(t, err)
+		for _, column := range []string{"amount", "currency", "status", "description", "metadata", "created_at", "id"} {
+			requireRefused(t, tx, `UPDATE payments SET `+column+` = `+column)
+		}
+		for _, column := range []string{"principal_id", "endpoint", "key"} {
+			requireRefused(t, tx, `UPDATE idempotency_keys SET `+column+` = `+column)
+		}
+
+		hour := `date_trunc('hour', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`
+		requireRefused(t, tx, `INSERT INTO idempotency_key_usage VALUES ($1, `+hour+`, 1)`, b)
+		requireRefused(t, tx, `UPDATE idempotency_key_usage SET claims = 0`)
+		requireRefused(t, tx, `DELETE FROM idempotency_key_usage`)
+		_, err = tx.Exec(ctx, `SELECT add_idempotency_key_claims(ARRAY[$1::uuid], ARRAY[`+hour+`], ARRAY[2::bigint])`, a)
+		require.NoError(t, err)
+		require.Equal(t, 2, count(t, tx, `SELECT claims FROM idempotency_key_usage WHERE principal_id = $1`, a))
+		for name, args := range map[string]string{
+			"a count that is not positive": `ARRAY[` + hour + `], ARRAY[-5::bigint]`,
+			"a bucket in the future":       `ARRAY[` + hour + ` + interval '1 day'], ARRAY[1::bigint]`,
+			"a bucket not on the hour":     `ARRAY[` + hour + ` - interval '1 minute'], ARRAY[1::bigint]`,
+		} {
+			requireInvalid(t, tx, name, `SELECT add_idempotency_key_claims(ARRAY[$1::uuid], `+args+`)`, a)
+		}
+	})
+}
+
+// requireInvalid asserts a statement fails with invalid_parameter_value.
+func requireInvalid(t *testing.T, tx pgx.Tx, name, sql string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := tx.Exec(ctx, "SAVEPOINT s")
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, sql, args...)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%s: want an error, got %v", name, err)
+	require.Equal(t, "22023", pgErr.Code, "%s: %s", name, pgErr.Message)
+	_, err = tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s")
+	require.NoError(t, err)
+}

@@ -59,7 +59,9 @@ type Principal struct {
 func (p Principal) Can(scope string) bool { return slices.Contains(p.Scopes, scope) }
 
 // Authenticate finds the live key whose secret is given. It runs on every
-// request, replays included, so a revoked key stops working at once.
+// request, replays included, so a revoked key stops working at once. It goes
+// through the SECURITY DEFINER function authenticate_api_key: the service
+// role cannot read api_keys itself.
 func Authenticate(ctx context.Context, db database.DBTX, secret string) (Principal, error) {
 	if !strings.HasPrefix(secret, secretPrefix) || len(secret) > 128 {
 		return Principal{}, ErrUnauthenticated
@@ -67,7 +69,7 @@ func Authenticate(ctx context.Context, db database.DBTX, secret string) (Princip
 	hash := sha256.Sum256([]byte(secret))
 	var p Principal
 	err := db.QueryRow(ctx,
-		`SELECT id, principal_id, scopes FROM api_keys WHERE secret_hash = $1 AND revoked_at IS NULL`,
+		`SELECT key_id, principal_id, scopes FROM authenticate_api_key($1)`,
 		hash[:]).Scan(&p.KeyID, &p.ID, &p.Scopes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Principal{}, ErrUnauthenticated

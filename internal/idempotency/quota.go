@@ -151,10 +151,9 @@ func (q *Quota) Flush(ctx context.Context) error {
 		counts = append(counts, n)
 	}
 	err := q.pool.WithConn(ctx, func(c database.DBTX) error {
-		_, err := c.Exec(ctx, `
-			INSERT INTO idempotency_key_usage (principal_id, bucket, claims)
-			SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::bigint[])
-			ON CONFLICT (principal_id, bucket) DO UPDATE SET claims = idempotency_key_usage.claims + EXCLUDED.claims`,
+		// The service role may only add claims, through this function
+		// (migrations/000005_least_privilege.up.sql).
+		_, err := c.Exec(ctx, `SELECT add_idempotency_key_claims($1::uuid[], $2::timestamptz[], $3::bigint[])`,
 			principals, buckets, counts)
 		return err
 	})

@@ -1,0 +1,10 @@
+BEGIN;
+GRANT INSERT, UPDATE ON idempotency_key_usage TO payments_app;
+DROP FUNCTION add_idempotency_key_claims(uuid[], timestamptz[], bigint[]);
+REVOKE UPDATE ON idempotency_keys FROM payments_app;
+GRANT UPDATE ON idempotency_keys TO payments_app;
+REVOKE UPDATE ON payments FROM payments_app;
+GRANT UPDATE ON payments TO payments_app;
+GRANT SELECT ON principals, api_keys TO payments_app;
+DROP FUNCTION authenticate_api_key(bytea);
+COMMIT;
