@@ -58,6 +58,41 @@ type Principal struct {
 // Can reports whether the principal's key holds scope.
 func (p Principal) Can(scope string) bool { return slices.Contains(p.Scopes, scope) }
 
+// ParseBearer returns the credentials of an Authorization header of the form
+// "Bearer <token>" (RFC 6750 section 2.1: the scheme in any case, one or more
+// spaces, a b64token). Anything else is ErrUnauthenticated, so an odd header
+// never reaches the database.
+func ParseBearer(header string) (string, error) {
+	scheme, rest, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", ErrUnauthenticated
+	}
+	token := strings.TrimLeft(rest, " ")
+	if !isB64Token(token) {
+		return "", ErrUnauthenticated
+	}
+	return token, nil
+}
+
+// isB64Token reports whether s is RFC 6750's b64token:
+// 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"=".
+func isB64Token(s string) bool {
+	body := strings.TrimRight(s, "=")
+	if body == "" {
+		return false
+	}
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '-', c == '.', c == '_', c == '~', c == '+', c == '/':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // Authenticate finds the live key whose secret is given. It runs on every
 // request, replays included, so a revoked key stops working at once. It goes
 // through the SECURITY DEFINER function authenticate_api_key: the service

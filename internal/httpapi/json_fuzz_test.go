@@ -13,7 +13,8 @@ import (
 // The fingerprint is taken over the canonical body, so whatever decodeJSON
 // accepts must decode to the same request as its canonical form does: then
 // one fingerprint always means one request. (Run longer with
-// go test -fuzz FuzzDecodeJSON ./internal/httpapi.)
+// go test -fuzz FuzzDecodeJSON ./internal/httpapi; the committed seed corpus
+// is in testdata/fuzz.)
 func FuzzDecodeJSON(f *testing.F) {
 	for _, seed := range []string{
 		`{"amount": 1000, "currency": "usd"}`,

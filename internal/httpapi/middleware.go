@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -186,14 +185,14 @@ func timeout(d time.Duration) func(http.Handler) http.Handler {
 func authenticate(pool *database.Pool, log *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			scheme, secret, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-			if !strings.EqualFold(scheme, "Bearer") || secret == "" {
-				writeError(w, r, log, auth.ErrUnauthenticated)
+			secret, err := auth.ParseBearer(r.Header.Get("Authorization"))
+			if err != nil {
+				writeError(w, r, log, err)
 				return
 			}
 			var p auth.Principal
-			err := pool.WithConn(r.Context(), func(c database.DBTX) (err error) {
-				p, err = auth.Authenticate(r.Context(), c, strings.TrimSpace(secret))
+			err = pool.WithConn(r.Context(), func(c database.DBTX) (err error) {
+				p, err = auth.Authenticate(r.Context(), c, secret)
 				return err
 			})
 			if err != nil {
