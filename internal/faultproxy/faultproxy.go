@@ -70,6 +70,7 @@ type Proxy struct {
 	refuse   bool
 	conns    map[*link]struct{}
 	held     int // server sides kept open by HalfOpen
+	refused  int // connections closed at once by Refuse
 	closed   bool
 	wg       sync.WaitGroup
 }
@@ -136,6 +137,13 @@ func (p *Proxy) Held() int {
 	return p.held
 }
 
+// Refused is how many connections Refuse has turned away.
+func (p *Proxy) Refused() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
+}
+
 // Close stops accepting, closes every connection, held ones included, and
 // waits for the proxy's goroutines.
 func (p *Proxy) Close() error {
@@ -162,6 +170,9 @@ func (p *Proxy) accept() {
 		p.mu.Unlock()
 		if refuse || closed {
 			client.Close()
+			p.mu.Lock()
+			p.refused++
+			p.mu.Unlock()
 			continue
 		}
 		server, err := net.Dial("tcp", p.target)

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// intent is one thing a client wants done once: a payment, or a refund of a
+// payment it was told exists. It keeps one Idempotency-Key for every attempt.
+type intent struct {
+	key       string
+	paymentID string // set for a refund
+	amount    int64
+	phase     int // the phase it began in
+	unknown   bool // an attempt was answered outcome-unknown
+}
+
+// reply is what one attempt got back.
+type reply struct {
+	status   int    // 0: no HTTP response (connection refused, reset, timeout)
+	problem  string // the problem type's slug, for an error
+	reqID    string // X-Request-Id
+	replayed bool
+	id       string // the created resource's id, for a 201
+}
+
+// final reports whether a client stops retrying after r. It retries what the
+// contract says to retry with the same key: no response, 408, 409, 429 and
+// every 5xx (a 500 had no effect, a 503 either had none or is an unknown
+// outcome that only the same key can resolve).
+func (r reply) final() bool {
+	switch {
+	case r.status == 0, r.status == http.StatusRequestTimeout, r.status == http.StatusConflict,
+		r.status == http.StatusTooManyRequests, r.status >= 500:
+		return false
+	}
+	return true
+}
+
+// noEffect reports whether r told the client that the attempt had no effect:
+// anything but a success, a stored business outcome, an unknown outcome and
+// no response at all. If such an attempt's request id is later found as the
+// producer of a stored outcome, the service lied.
+func (r reply) noEffect() bool {
+	switch {
+	case r.status == 0, r.status/100 == 2, r.problem == "outcome-unknown", r.problem == "refund-exceeds-payment":
+		return false
+	}
+	return true
+}
+
+// label names r for the report.
+func (r reply) label() string {
+	switch {
+	case r.status == 0:
+		return "no response"
+	case r.status == http.StatusCreated && r.replayed:
+		return "201 replayed"
+	case r.problem != "":
+		return fmt.Sprintf("%d %s", r.status, r.problem)
+	}
+	return fmt.Sprint(r.status)
+}
+
+// client sends attempts for one API key.
+type client struct {
+	http   *http.Client
+	base   func() string
+	secret string
+}
+
+// send makes one attempt of in.
+func (c *client) send(ctx context.Context, in intent) reply {
+	path, body := "/v1/payments", fmt.Sprintf(`{"amount":%d,"currency":"usd","metadata":{"intent":%q}}`, in.amount, in.key)
+	if in.paymentID != "" {
+		path, body = "/v1/payments/"+in.paymentID+"/refunds", fmt.Sprintf(`{"amount":%d}`, in.amount)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base()+path, strings.NewReader(body))
+	if err != nil {
+		panic(err) // the URL and method are ours
+	}
+	req.Header.Set("Authorization", "Bearer "+c.secret)
+	req.Header.Set("Idempotency-Key", in.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return reply{}
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return reply{}
+	}
+	r := reply{status: resp.StatusCode, reqID: resp.Header.Get("X-Request-Id"), replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+	var doc struct {
+		ID   string `json:"id"`
+		Type string `json:"type"`
+	}
+	_ = json.Unmarshal(raw, &doc) // a body that is not JSON leaves both empty
+	r.id = doc.ID
+	if i := strings.LastIndex(doc.Type, "/"); i >= 0 {
+		r.problem = doc.Type[i+1:]
+	}
+	return r
+}
+
+// phaseStats counts what happened while one fault was active: the faults
+// injected, the intents begun, the attempts made and the replies received.
+// LongestIntent is the exception: it follows the intents begun in the phase
+// to their end, which may come in the next.
+type phaseStats struct {
+	Name     string         `json:"name"`
+	Faults   int            `json:"faults_injected"`
+	Intents  int            `json:"intents"`
+	Attempts int            `json:"attempts"`
+	Replies  map[string]int `json:"replies"`
+	// LongestIntent is the longest time from an intent's first attempt to
+	// its final answer, for intents begun in this phase.
+	LongestIntent time.Duration `json:"longest_intent_ns"`
+}
+
+// ledger is what the clients were told, for checking against the database.
+type ledger struct {
+	mu       sync.Mutex
+	phase    int
+	phases   []*phaseStats
+	payments map[string]int64 // acknowledged payment id -> amount
+	ids      []string         // the same ids, for choosing one to refund
+	refunds  map[string]bool  // acknowledged refund ids
+	// noEffect holds the request ids of attempts answered "no effect".
+	noEffect map[string]bool
+	// unresolved intents: no final answer within the intent deadline.
+	unresolved   int
+	serverErrors int // 500s
+	unknown      int // outcome-unknown answers
+	// Intents that met an unknown outcome, by how the same key resolved it:
+	// a replay (the attempt had committed) or an execution (it had not).
+	UnknownCommitted, UnknownNotCommitted int
+}
+
+func newLedger(names []string) *ledger {
+	l := &ledger{payments: map[string]int64{}, refunds: map[string]bool{}, noEffect: map[string]bool{}}
+	for _, n := range names {
+		l.phases = append(l.phases, &phaseStats{Name: n, Replies: map[string]int{}})
+	}
+	return l
+}
+
+func (l *ledger) setPhase(i int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.phase = i
+}
+
+func (l *ledger) addFaults(n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.phases[l.phase].Faults += n
+}
+
+// next makes a new intent: mostly payments, and a refund of an acknowledged
+// payment a quarter of the time. Refunds of up to half the amount make some
+// payments run out, which exercises the stored 422.
+func (l *ledger) next(rng *rand.Rand) intent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	in := intent{key: uuid.NewString(), amount: 100 + rng.Int64N(10_000), phase: l.phase}
+	if len(l.ids) > 0 && rng.IntN(4) == 0 {
+		in.paymentID = l.ids[rng.IntN(len(l.ids))]
+		in.amount = 1 + rng.Int64N(l.payments[in.paymentID]/2)
+	}
+	l.phases[l.phase].Intents++
+	return in
+}
+
+func (l *ledger) record(in *intent, r reply) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ps := l.phases[l.phase]
+	ps.Attempts++
+	ps.Replies[r.label()]++
+	if r.noEffect() && r.reqID != "" {
+		l.noEffect[r.reqID] = true
+	}
+	switch {
+	case r.status == http.StatusInternalServerError:
+		l.serverErrors++
+	case r.problem == "outcome-unknown":
+		l.unknown++
+		in.unknown = true
+	}
+	if r.final() && in.unknown {
+		if r.replayed {
+			l.UnknownCommitted++
+		} else {
+			l.UnknownNotCommitted++
+		}
+	}
+	switch {
+	case r.status == http.StatusCreated && in.paymentID == "":
+		if _, seen := l.payments[r.id]; !seen {
+			l.payments[r.id] = in.amount
+			l.ids = append(l.ids, r.id)
+		}
+	case r.status == http.StatusCreated:
+		l.refunds[r.id] = true
+	}
+}
+
+func (l *ledger) finish(in intent, took time.Duration, resolved bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !resolved {
+		l.unresolved++
+	}
+	if ps := l.phases[in.phase]; took > ps.LongestIntent {
+		ps.LongestIntent = took
+	}
+}
+
+// work runs intents until stop is closed, each retried with its key until a
+// final answer or the deadline. It retries faster than Retry-After asks (50 to
+// 150 ms), to press the service harder than a polite client would.
+func work(ctx context.Context, c *client, l *ledger, stop <-chan struct{}, deadline time.Duration, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		in := l.next(rng)
+		start := time.Now()
+		resolved := false
+		for time.Since(start) < deadline && ctx.Err() == nil {
+			r := c.send(ctx, in)
+			l.record(&in, r)
+			if r.final() {
+				resolved = true
+				break
+			}
+			time.Sleep(time.Duration(50+rng.IntN(100)) * time.Millisecond)
+		}
+		l.finish(in, time.Since(start), resolved)
+	}
+}

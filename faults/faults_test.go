@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// The fault suite, small: every fault is injected, every invariant holds,
+// and the faults were felt (unknown outcomes labelled and resolved by the
+// same key, replays, a key held by a vanished holder). .ci/run also runs
+// `go run ./faults`, which prints the figures.
+func TestFaults(t *testing.T) {
+	// The API's pool (6) and maintenance pool (2), the suite's own (2), two
+	// sessions held by half-open holders until they time out, and spare.
+	db := testdb.New(t, 14)
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	res, err := run(ctx, config{
+		adminURL: db.AdminURL, phase: 2 * time.Second, workers: 8,
+		intentDeadline: 30 * time.Second, idleInTx: 2 * time.Second, out: out,
+	}, &progress)
+	require.NoError(t, err, "progress:\n%s", progress.String())
+	var report bytes.Buffer
+	writeReport(&report, res)
+	t.Log("\n" + report.String())
+
+	for _, c := range res.Invariants {
+		require.True(t, c.Holds, "%s: %d", c.Name, c.Found)
+	}
+	for _, p := range res.Phases[1:] {
+		require.Positive(t, p.Faults, "phase %q injected nothing", p.Name)
+	}
+	require.Positive(t, res.UnknownCommitted+res.UnknownNotCommitted, "no unknown outcome was resolved by the same key")
+	require.Positive(t, res.Phases[4].Replies["409 idempotency-request-in-progress"], "no key was held by a vanished holder")
+	require.Positive(t, res.Payments)
+	require.Positive(t, res.Refunds)
+}
+
+// A reply that says "no effect" must be exactly those the contract says
+// had none; an unknown outcome and no response at all are never that.
+func TestNoEffectReplies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		r        reply
+		noEffect bool
+		final    bool
+	}{
+		{reply{status: 201}, false, true},
+		{reply{status: 201, replayed: true}, false, true},
+		{reply{status: 422, problem: "refund-exceeds-payment"}, false, true},
+		{reply{status: 503, problem: "outcome-unknown"}, false, false},
+		{reply{}, false, false},
+		{reply{status: 503, problem: "service-unavailable"}, true, false},
+		{reply{status: 409, problem: "idempotency-request-in-progress"}, true, false},
+		{reply{status: 500, problem: "internal-error"}, true, false},
+		{reply{status: 400, problem: "validation-failed"}, true, true},
+	} {
+		require.Equal(t, tc.noEffect, tc.r.noEffect(), tc.r.label())
+		require.Equal(t, tc.final, tc.r.final(), tc.r.label())
+	}
+}

@@ -1,0 +1,155 @@
+// Command faults runs the service through the faults a payments API meets in
+// production and checks, against the database, that the idempotency promise
+// held through each: the service binary behind an in-process fault proxy,
+// clients that retry with the same key, and one fault at a time.
+//
+//	go run ./faults                       # about a minute, on the local PostgreSQL
+//	go run ./faults -phase 30s -workers 32
+//
+// It creates a database of its own (payments_faults_<time>) on the server
+// -database-url names, applies the migrations, and drops it afterwards
+// unless -keep is given. It prints one table of what each phase injected and
+// what clients saw, then the invariants, and exits 1 if any did not hold.
+// docs/reliability.md explains each fault and each invariant.
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+func main() {
+	fs := flag.NewFlagSet("faults", flag.ExitOnError)
+	serverURL := fs.String("database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "a superuser on the PostgreSQL server to use; the suite creates its own database there")
+	keep := fs.Bool("keep", false, "keep the suite's database afterwards, for inspection")
+	cfg := config{}
+	fs.DurationVar(&cfg.phase, "phase", 4*time.Second, "how long each fault lasts")
+	fs.IntVar(&cfg.workers, "workers", 12, "concurrent retrying clients")
+	fs.DurationVar(&cfg.intentDeadline, "intent-deadline", 30*time.Second, "a client gives up on an intent after this")
+	fs.DurationVar(&cfg.idleInTx, "idle-in-tx", 2*time.Second, "the API's DB_IDLE_IN_TX_TIMEOUT: how long a vanished holder keeps a key")
+	fs.StringVar(&cfg.out, "out", "faults-out", "directory for api.log and results.json")
+	_ = fs.Parse(os.Args[1:])
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	held, err := runOnOwnDatabase(ctx, *serverURL, *keep, cfg, os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "faults:", err)
+		os.Exit(2)
+	}
+	if !held {
+		os.Exit(1)
+	}
+}
+
+// runOnOwnDatabase creates, migrates and (unless keep) drops a database for
+// one run, and writes the report.
+func runOnOwnDatabase(ctx context.Context, serverURL string, keep bool, cfg config, stdout, progress io.Writer) (bool, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		return false, fmt.Errorf("-database-url: %w", err)
+	}
+	name := fmt.Sprintf("payments_faults_%d", time.Now().Unix())
+	u.Path = "/" + name
+	cfg.adminURL = u.String()
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return false, err
+	}
+	fmt.Fprintln(progress, "creating database", name)
+	if err := database.EnsureDatabase(ctx, cfg.adminURL); err != nil {
+		return false, err
+	}
+	if !keep {
+		defer dropDatabase(serverURL, name, progress)
+	}
+	if err := database.Migrate(ctx, cfg.adminURL); err != nil {
+		return false, err
+	}
+	res, err := run(ctx, cfg, progress)
+	if err != nil {
+		return false, err
+	}
+	writeReport(stdout, res)
+	raw, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return false, err
+	}
+	if err := os.WriteFile(filepath.Join(cfg.out, "results.json"), raw, 0o644); err != nil {
+		return false, err
+	}
+	return res.Held(), nil
+}
+
+func dropDatabase(serverURL, name string, progress io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		fmt.Fprintln(progress, "drop database:", err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		fmt.Fprintln(progress, "drop database:", err)
+	}
+}
+
+// writeReport prints the phases and the invariants as two tables.
+func writeReport(w io.Writer, res *Results) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tlongest intent\treplies")
+	for _, p := range res.Phases {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts, p.LongestIntent.Round(time.Millisecond), replies(p.Replies))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\n%d payments, %d refunds in %s. %d outcome-unknown answers; retried with the same key, %d intents turned out to have committed (replayed) and %d not (executed once)\n\n",
+		res.Payments, res.Refunds, res.Duration.Round(time.Second), res.Unknown, res.UnknownCommitted, res.UnknownNotCommitted)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "invariant\tfound\tholds")
+	for _, c := range res.Invariants {
+		fmt.Fprintf(tw, "%s\t%d\t%v\n", c.Name, c.Found, c.Holds)
+	}
+	tw.Flush()
+}
+
+// replies lists reply counts, most frequent first.
+func replies(m map[string]int) string {
+	type kv struct {
+		k string
+		n int
+	}
+	var all []kv
+	for k, n := range m {
+		all = append(all, kv{k, n})
+	}
+	slices.SortFunc(all, func(a, b kv) int {
+		if a.n != b.n {
+			return b.n - a.n
+		}
+		return cmp.Compare(a.k, b.k)
+	})
+	s := ""
+	for i, e := range all {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s: %d", e.k, e.n)
+	}
+	return s
+}

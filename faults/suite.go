@@ -1,0 +1,378 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
+)
+
+// config is every knob of a run.
+type config struct {
+	adminURL       string        // a superuser on a migrated database the suite may fill
+	phase          time.Duration // how long each fault lasts
+	workers        int           // concurrent clients
+	intentDeadline time.Duration // a client gives up on an intent after this
+	idleInTx       time.Duration // the API's DB_IDLE_IN_TX_TIMEOUT
+	out            string        // api.log goes here
+}
+
+// Results is what a run saw.
+type Results struct {
+	Phases     []*phaseStats `json:"phases"`
+	Invariants []check       `json:"invariants"`
+	Payments   int           `json:"payments"`
+	Refunds    int           `json:"refunds"`
+	Unknown    int           `json:"outcome_unknown_answers"`
+	// Intents that met an unknown outcome, by what it turned out to be.
+	UnknownCommitted    int `json:"unknown_then_replayed"`
+	UnknownNotCommitted int `json:"unknown_then_executed"`
+	Duration   time.Duration `json:"duration_ns"`
+}
+
+// Held reports whether every invariant held.
+func (r *Results) Held() bool {
+	for _, c := range r.Invariants {
+		if !c.Holds {
+			return false
+		}
+	}
+	return true
+}
+
+// check is one invariant and what was found.
+type check struct {
+	Name  string `json:"name"`
+	Found int    `json:"found"`
+	Holds bool   `json:"holds"`
+}
+
+// phase is one fault, active for the phase's duration.
+type phase struct {
+	name string
+	// inject runs for the phase's duration and returns how many faults it
+	// injected that are not counted as they happen.
+	inject func(ctx context.Context, d time.Duration) (int, error)
+}
+
+// run builds and starts the API behind a fault proxy, drives retrying
+// clients through every fault in turn, then checks the database against what
+// the clients were told.
+func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) {
+	began := time.Now()
+	adminCfg, err := pgxpool.ParseConfig(cfg.adminURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse -database-url: %w", err)
+	}
+	adminCfg.MaxConns = 2
+	admin, err := pgxpool.NewWithConfig(ctx, adminCfg)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	var key auth.NewKey
+	err = pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) (err error) {
+		key, err = auth.CreateKey(ctx, tx, "faults", []string{auth.ScopePaymentsWrite, auth.ScopeRefundsWrite})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create api key: %w", err)
+	}
+
+	proxy, err := faultproxy.Start(fmt.Sprintf("%s:%d", adminCfg.ConnConfig.Host, adminCfg.ConnConfig.Port))
+	if err != nil {
+		return nil, err
+	}
+	defer proxy.Close()
+	appURL, err := proxy.Via(withUser(cfg.adminURL, "payments_app"))
+	if err != nil {
+		return nil, err
+	}
+
+	dir, err := os.MkdirTemp("", "faults-api")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	fmt.Fprintln(progress, "building cmd/api")
+	bin, err := buildAPI(ctx, dir, progress)
+	if err != nil {
+		return nil, err
+	}
+	api, err := newAPI(bin, filepath.Join(cfg.out, "api.log"), []string{
+		"METRICS_ADDR=127.0.0.1:0",
+		"DATABASE_URL=" + appURL,
+		"MAINTENANCE_DATABASE_URL=" + withUser(cfg.adminURL, "payments_maintenance"),
+		"MIGRATE_ON_START=false",
+		"DB_MAX_CONNS=6",
+		"DB_ACQUIRE_TIMEOUT=1s",
+		"LOCK_TIMEOUT=300ms",
+		"REQUEST_TIMEOUT=1s",
+		"SHUTDOWN_TIMEOUT=2s",
+		"DB_IDLE_IN_TX_TIMEOUT=" + cfg.idleInTx.String(),
+		"LOG_LEVEL=warn",
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer api.stop()
+	if err := api.start(ctx); err != nil {
+		return nil, err
+	}
+
+	// Every COMMIT-time fault hits one COMMIT in every n.
+	commitFault := func(action faultproxy.Action, every int, l *ledger) func(context.Context, time.Duration) (int, error) {
+		return func(ctx context.Context, d time.Duration) (int, error) {
+			n := 0
+			proxy.OnCommit(func() faultproxy.Action {
+				n++
+				if n%every != 0 {
+					return faultproxy.Forward
+				}
+				l.addFaults(1)
+				return action
+			})
+			defer proxy.OnCommit(nil)
+			return 0, sleep(ctx, d)
+		}
+	}
+	names := []string{"no fault", "cut before COMMIT", "cut after COMMIT", "swallowed COMMIT reply",
+		"half-open holder", "database refuses connections", "kill -9 of the API, restart"}
+	l := newLedger(names)
+	phases := []phase{
+		{names[0], func(ctx context.Context, d time.Duration) (int, error) { return 0, sleep(ctx, d) }},
+		{names[1], commitFault(faultproxy.CutBefore, 4, l)},
+		{names[2], commitFault(faultproxy.CutAfter, 4, l)},
+		{names[3], commitFault(faultproxy.SwallowReply, 8, l)},
+		{names[4], func(ctx context.Context, d time.Duration) (int, error) {
+			// Two holders vanish at the start; the rest of the phase shows
+			// how long their keys stay locked.
+			n := 0
+			proxy.OnCommit(func() faultproxy.Action {
+				n++
+				if n > 2 {
+					return faultproxy.Forward
+				}
+				l.addFaults(1)
+				return faultproxy.HalfOpen
+			})
+			defer proxy.OnCommit(nil)
+			return 0, sleep(ctx, d)
+		}},
+		{names[5], func(ctx context.Context, d time.Duration) (int, error) {
+			before := proxy.Refused()
+			proxy.Refuse(true)
+			proxy.CutAll()
+			err := sleep(ctx, d/2)
+			proxy.Refuse(false)
+			if err != nil {
+				return 0, err
+			}
+			return 1 + proxy.Refused() - before, sleep(ctx, d-d/2)
+		}},
+		{names[6], func(ctx context.Context, d time.Duration) (int, error) {
+			if err := sleep(ctx, d/3); err != nil {
+				return 0, err
+			}
+			api.kill9()
+			if err := sleep(ctx, 300*time.Millisecond); err != nil {
+				return 1, err
+			}
+			if err := api.start(ctx); err != nil {
+				return 1, fmt.Errorf("restart after kill -9: %w", err)
+			}
+			return 1, sleep(ctx, d-d/3)
+		}},
+	}
+
+	c := &client{
+		http:   &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.workers}},
+		base:   api.URL,
+		secret: key.Secret,
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range cfg.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work(ctx, c, l, stop, cfg.intentDeadline, uint64(i)+1)
+		}()
+	}
+	var phaseErr error
+	for i, p := range phases {
+		fmt.Fprintf(progress, "phase %d/%d: %s (%s)\n", i+1, len(phases), p.name, cfg.phase)
+		l.setPhase(i)
+		n, err := p.inject(ctx, cfg.phase)
+		l.addFaults(n)
+		if err != nil {
+			phaseErr = fmt.Errorf("phase %q: %w", p.name, err)
+			break
+		}
+	}
+	close(stop)
+	fmt.Fprintln(progress, "draining: every client finishes its intent")
+	wg.Wait()
+	if phaseErr != nil {
+		return nil, phaseErr
+	}
+
+	// Abandoned sessions end within the idle-in-transaction bound; give them
+	// that and a margin before judging.
+	fmt.Fprintln(progress, "checking the database")
+	bound := time.Now().Add(cfg.idleInTx + 5*time.Second)
+	for proxy.Held() > 0 && time.Now().Before(bound) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	res := &Results{Phases: l.phases, Unknown: l.unknown, UnknownCommitted: l.UnknownCommitted, UnknownNotCommitted: l.UnknownNotCommitted}
+	if err := verify(ctx, admin, l, proxy.Held(), res); err != nil {
+		return nil, err
+	}
+	res.Duration = time.Since(began)
+	return res, nil
+}
+
+// verify checks the invariants against the database.
+func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, res *Results) error {
+	dbPayments := map[string]bool{}
+	perIntent := map[string]int{}
+	rows, err := admin.Query(ctx, `SELECT id::text, coalesce(metadata->>'intent', '') FROM payments`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id, in string
+		if err := rows.Scan(&id, &in); err != nil {
+			return err
+		}
+		dbPayments[id] = true
+		perIntent[in]++
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	dbRefunds, err := queryStrings(ctx, admin, `SELECT id::text FROM refunds`)
+	if err != nil {
+		return err
+	}
+	producers, err := queryStrings(ctx, admin, `SELECT correlation_id FROM idempotency_keys`)
+	if err != nil {
+		return err
+	}
+	var inProgress, overRefunded int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE state = 'in_progress'`).Scan(&inProgress); err != nil {
+		return err
+	}
+	if err := admin.QueryRow(ctx, `
+		SELECT count(*) FROM payments p
+		WHERE p.amount_refunded > p.amount
+		   OR p.amount_refunded <> (SELECT coalesce(sum(r.amount), 0) FROM refunds r WHERE r.payment_id = p.id)`).Scan(&overRefunded); err != nil {
+		return err
+	}
+
+	duplicated := 0
+	for _, n := range perIntent {
+		if n > 1 {
+			duplicated++
+		}
+	}
+	lostPayments, strayPayments := diff(keys(l.payments), dbPayments)
+	lostRefunds, strayRefunds := diff(keys(l.refunds), set(dbRefunds))
+	mislabelled := 0
+	for _, id := range producers {
+		if l.noEffect[id] {
+			mislabelled++
+		}
+	}
+	res.Payments, res.Refunds = len(dbPayments), len(dbRefunds)
+	res.Invariants = []check{
+		{Name: "intents with more than one payment", Found: duplicated},
+		{Name: "acknowledged payments missing from the database", Found: lostPayments},
+		{Name: "payments no client was told about", Found: strayPayments},
+		{Name: "acknowledged refunds missing from the database", Found: lostRefunds},
+		{Name: "refunds no client was told about", Found: strayRefunds},
+		{Name: "payments refunded beyond their amount, or out of step with their refunds", Found: overRefunded},
+		{Name: "keys left in_progress", Found: inProgress},
+		{Name: "intents without a final answer within the deadline", Found: l.unresolved},
+		{Name: "database sessions still held by vanished holders", Found: held},
+		{Name: "500 answers", Found: l.serverErrors},
+		{Name: "attempts told \"no effect\" that produced the stored outcome", Found: mislabelled},
+	}
+	for i := range res.Invariants {
+		res.Invariants[i].Holds = res.Invariants[i].Found == 0
+	}
+	return nil
+}
+
+func queryStrings(ctx context.Context, db *pgxpool.Pool, sql string) ([]string, error) {
+	rows, err := db.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+func keys[V any](m map[string]V) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k := range m {
+		out[k] = true
+	}
+	return out
+}
+
+func set(xs []string) map[string]bool {
+	out := make(map[string]bool, len(xs))
+	for _, x := range xs {
+		out[x] = true
+	}
+	return out
+}
+
+// diff counts what told has that stored lacks, and the other way round.
+func diff(told, stored map[string]bool) (lost, stray int) {
+	for id := range told {
+		if !stored[id] {
+			lost++
+		}
+	}
+	for id := range stored {
+		if !told[id] {
+			stray++
+		}
+	}
+	return lost, stray
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func withUser(raw, user string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.User = url.User(user)
+	return u.String()
+}
+
+var errInvariants = errors.New("an invariant did not hold")
