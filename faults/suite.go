@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -374,5 +373,3 @@ func withUser(raw, user string) string {
 	u.User = url.User(user)
 	return u.String()
 }
-
-var errInvariants = errors.New("an invariant did not hold")
