@@ -22,6 +22,8 @@ type intent struct {
 	amount    int64
 	phase     int // the phase it began in
 	unknown   bool // an attempt was answered outcome-unknown
+	// unknownPhase is the phase of the first outcome-unknown answer.
+	unknownPhase int
 }
 
 // reply is what one attempt got back.
@@ -126,6 +128,11 @@ type phaseStats struct {
 	// LongestIntent is the longest time from an intent's first attempt to
 	// its final answer, for intents begun in this phase.
 	LongestIntent time.Duration `json:"longest_intent_ns"`
+	// Intents first answered outcome-unknown in this phase, by what the
+	// same key found on retry: a replay (it had committed) or nothing (it
+	// had not, so the retry executed it once).
+	UnknownThenReplayed int `json:"unknown_then_replayed"`
+	UnknownThenExecuted int `json:"unknown_then_executed"`
 }
 
 // ledger is what the clients were told, for checking against the database.
@@ -196,13 +203,17 @@ func (l *ledger) record(in *intent, r reply) {
 		l.serverErrors++
 	case r.problem == "outcome-unknown":
 		l.unknown++
-		in.unknown = true
+		if !in.unknown {
+			in.unknown, in.unknownPhase = true, l.phase
+		}
 	}
 	if r.final() && in.unknown {
 		if r.replayed {
 			l.UnknownCommitted++
+			l.phases[in.unknownPhase].UnknownThenReplayed++
 		} else {
 			l.UnknownNotCommitted++
+			l.phases[in.unknownPhase].UnknownThenExecuted++
 		}
 	}
 	switch {

@@ -113,9 +113,10 @@ func dropDatabase(serverURL, name string, progress io.Writer) {
 // writeReport prints the phases and the invariants as two tables.
 func writeReport(w io.Writer, res *Results) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tlongest intent\treplies")
+	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tunknown: committed/not\tlongest intent\treplies")
 	for _, p := range res.Phases {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts, p.LongestIntent.Round(time.Millisecond), replies(p.Replies))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/%d\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts,
+			p.UnknownThenReplayed, p.UnknownThenExecuted, p.LongestIntent.Round(time.Millisecond), replies(p.Replies))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d payments, %d refunds in %s. %d outcome-unknown answers; retried with the same key, %d intents turned out to have committed (replayed) and %d not (executed once)\n\n",
