@@ -110,7 +110,7 @@ func problemFor(err error) Problem {
 	// Before ErrUnavailable and DeadlineExceeded, which an unknown outcome
 	// may wrap too: "no effect" would be a lie after COMMIT was sent.
 	case errors.Is(err, database.ErrOutcomeUnknown):
-		return newProblem(ptOutcomeUnknown, "The connection to the database was lost while the request was committing, so it may or may not have taken effect. Retry with the same Idempotency-Key to learn the outcome; never retry with a new key.").retry(1)
+		return newProblem(ptOutcomeUnknown, "The connection to the database was lost, or the request ran out of time, while it was committing, so it may or may not have taken effect. Retry with the same Idempotency-Key to learn the outcome; never retry with a new key.").retry(1)
 	case errors.Is(err, database.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return newProblem(ptUnavailable, "The request had no effect. Retry after the indicated delay with the same Idempotency-Key.").retry(1)
 	default:
