@@ -20,7 +20,7 @@ type intent struct {
 	key       string
 	paymentID string // set for a refund
 	amount    int64
-	phase     int // the phase it began in
+	phase     int  // the phase it began in
 	unknown   bool // an attempt was answered outcome-unknown
 	// unknownPhase is the phase of the first outcome-unknown answer.
 	unknownPhase int

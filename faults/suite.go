@@ -36,9 +36,9 @@ type Results struct {
 	Refunds    int           `json:"refunds"`
 	Unknown    int           `json:"outcome_unknown_answers"`
 	// Intents that met an unknown outcome, by what it turned out to be.
-	UnknownCommitted    int `json:"unknown_then_replayed"`
-	UnknownNotCommitted int `json:"unknown_then_executed"`
-	Duration   time.Duration `json:"duration_ns"`
+	UnknownCommitted    int           `json:"unknown_then_replayed"`
+	UnknownNotCommitted int           `json:"unknown_then_executed"`
+	Duration            time.Duration `json:"duration_ns"`
 }
 
 // Held reports whether every invariant held.
