@@ -115,10 +115,10 @@ func (c *client) send(ctx context.Context, in intent) reply {
 	return r
 }
 
-// phaseStats counts what happened while one fault was active: the faults
-// injected, the intents begun, the attempts made and the replies received.
-// LongestIntent is the exception: it follows the intents begun in the phase
-// to their end, which may come in the next.
+// phaseStats counts what happened in one phase: the faults injected while
+// it was active, and the intents begun meanwhile, followed to their end with
+// every attempt and reply (clients finish their intents before the next
+// phase begins).
 type phaseStats struct {
 	Name     string         `json:"name"`
 	Faults   int            `json:"faults_injected"`
@@ -133,6 +133,8 @@ type phaseStats struct {
 	// had not, so the retry executed it once).
 	UnknownThenReplayed int `json:"unknown_then_replayed"`
 	UnknownThenExecuted int `json:"unknown_then_executed"`
+	// Broken names the invariants that did not hold after the phase.
+	Broken []string `json:"invariants_broken"`
 }
 
 // ledger is what the clients were told, for checking against the database.

@@ -113,16 +113,20 @@ func dropDatabase(serverURL, name string, progress io.Writer) {
 // writeReport prints the phases and the invariants as two tables.
 func writeReport(w io.Writer, res *Results) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tunknown: committed/not\tlongest intent\treplies")
+	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tunknown: committed/not\tlongest intent\tinvariants\treplies")
 	for _, p := range res.Phases {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/%d\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts,
-			p.UnknownThenReplayed, p.UnknownThenExecuted, p.LongestIntent.Round(time.Millisecond), replies(p.Replies))
+		held := "held"
+		if len(p.Broken) > 0 {
+			held = fmt.Sprintf("%d broken", len(p.Broken))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/%d\t%s\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts,
+			p.UnknownThenReplayed, p.UnknownThenExecuted, p.LongestIntent.Round(time.Millisecond), held, replies(p.Replies))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d payments, %d refunds in %s. %d outcome-unknown answers; retried with the same key, %d intents turned out to have committed (replayed) and %d not (executed once)\n\n",
 		res.Payments, res.Refunds, res.Duration.Round(time.Second), res.Unknown, res.UnknownCommitted, res.UnknownNotCommitted)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "invariant\tfound\tholds")
+	fmt.Fprintln(tw, "invariant (after the last phase)\tfound\tholds")
 	for _, c := range res.Invariants {
 		fmt.Fprintf(tw, "%s\t%d\t%v\n", c.Name, c.Found, c.Holds)
 	}

@@ -201,84 +201,92 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		base:   api.URL,
 		secret: key.Secret,
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range cfg.workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			work(ctx, c, l, stop, cfg.intentDeadline, uint64(i)+1)
-		}()
-	}
-	var phaseErr error
+	res := &Results{}
 	for i, p := range phases {
 		fmt.Fprintf(progress, "phase %d/%d: %s (%s)\n", i+1, len(phases), p.name, cfg.phase)
 		l.setPhase(i)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range cfg.workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				work(ctx, c, l, stop, cfg.intentDeadline, uint64(i*cfg.workers+w)+1)
+			}()
+		}
 		n, err := p.inject(ctx, cfg.phase)
 		l.addFaults(n)
+		// The fault is over: every client finishes its intent, abandoned
+		// sessions get the idle-in-transaction bound and a margin to end,
+		// and then the database is checked against what clients were told.
+		close(stop)
+		wg.Wait()
 		if err != nil {
-			phaseErr = fmt.Errorf("phase %q: %w", p.name, err)
-			break
+			return nil, fmt.Errorf("phase %q: %w", p.name, err)
 		}
+		bound := time.Now().Add(cfg.idleInTx + 5*time.Second)
+		for proxy.Held() > 0 && time.Now().Before(bound) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		checks, err := verify(ctx, admin, l, proxy.Held())
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range checks {
+			if !c.Holds {
+				l.phases[i].Broken = append(l.phases[i].Broken, c.Name)
+			}
+		}
+		res.Invariants = checks
 	}
-	close(stop)
-	fmt.Fprintln(progress, "draining: every client finishes its intent")
-	wg.Wait()
-	if phaseErr != nil {
-		return nil, phaseErr
-	}
-
-	// Abandoned sessions end within the idle-in-transaction bound; give them
-	// that and a margin before judging.
-	fmt.Fprintln(progress, "checking the database")
-	bound := time.Now().Add(cfg.idleInTx + 5*time.Second)
-	for proxy.Held() > 0 && time.Now().Before(bound) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	res := &Results{Phases: l.phases, Unknown: l.unknown, UnknownCommitted: l.UnknownCommitted, UnknownNotCommitted: l.UnknownNotCommitted}
-	if err := verify(ctx, admin, l, proxy.Held(), res); err != nil {
-		return nil, err
-	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	res.Phases, res.Unknown = l.phases, l.unknown
+	res.UnknownCommitted, res.UnknownNotCommitted = l.UnknownCommitted, l.UnknownNotCommitted
+	res.Payments, res.Refunds = len(l.payments), len(l.refunds)
 	res.Duration = time.Since(began)
 	return res, nil
 }
 
-// verify checks the invariants against the database.
-func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, res *Results) error {
+// verify checks the invariants against the database, once the clients have
+// stopped.
+func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int) ([]check, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	dbPayments := map[string]bool{}
 	perIntent := map[string]int{}
 	rows, err := admin.Query(ctx, `SELECT id::text, coalesce(metadata->>'intent', '') FROM payments`)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for rows.Next() {
 		var id, in string
 		if err := rows.Scan(&id, &in); err != nil {
-			return err
+			return nil, err
 		}
 		dbPayments[id] = true
 		perIntent[in]++
 	}
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	dbRefunds, err := queryStrings(ctx, admin, `SELECT id::text FROM refunds`)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	producers, err := queryStrings(ctx, admin, `SELECT correlation_id FROM idempotency_keys`)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var inProgress, overRefunded int
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE state = 'in_progress'`).Scan(&inProgress); err != nil {
-		return err
+		return nil, err
 	}
 	if err := admin.QueryRow(ctx, `
 		SELECT count(*) FROM payments p
 		WHERE p.amount_refunded > p.amount
 		   OR p.amount_refunded <> (SELECT coalesce(sum(r.amount), 0) FROM refunds r WHERE r.payment_id = p.id)`).Scan(&overRefunded); err != nil {
-		return err
+		return nil, err
 	}
 
 	duplicated := 0
@@ -295,8 +303,7 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, res *
 			mislabelled++
 		}
 	}
-	res.Payments, res.Refunds = len(dbPayments), len(dbRefunds)
-	res.Invariants = []check{
+	checks := []check{
 		{Name: "intents with more than one payment", Found: duplicated},
 		{Name: "acknowledged payments missing from the database", Found: lostPayments},
 		{Name: "payments no client was told about", Found: strayPayments},
@@ -309,10 +316,10 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, res *
 		{Name: "500 answers", Found: l.serverErrors},
 		{Name: "attempts told \"no effect\" that produced the stored outcome", Found: mislabelled},
 	}
-	for i := range res.Invariants {
-		res.Invariants[i].Holds = res.Invariants[i].Found == 0
+	for i := range checks {
+		checks[i].Holds = checks[i].Found == 0
 	}
-	return nil
+	return checks, nil
 }
 
 func queryStrings(ctx context.Context, db *pgxpool.Pool, sql string) ([]string, error) {
