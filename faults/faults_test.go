@@ -40,6 +40,11 @@ func TestFaults(t *testing.T) {
 	for _, p := range res.Phases[1:] {
 		require.Positive(t, p.Faults, "phase %q injected nothing", p.Name)
 	}
+	// Every fault at COMMIT is answered outcome-unknown, once: never "no
+	// effect", never a success.
+	for _, p := range res.Phases[1:5] {
+		require.Equal(t, p.Faults, p.Replies["503 outcome-unknown"], "phase %q: %v", p.Name, p.Replies)
+	}
 	require.Positive(t, res.UnknownCommitted+res.UnknownNotCommitted, "no unknown outcome was resolved by the same key")
 	require.Positive(t, res.Phases[4].Replies["409 idempotency-request-in-progress"], "no key was held by a vanished holder")
 	require.Positive(t, res.Payments)

@@ -258,11 +258,18 @@ func (p *Proxy) clientToServer(l *link) {
 			_, _ = io.Copy(io.Discard, l.client)
 			return
 		}
+		if action == CutAfter || action == SwallowReply {
+			// Silence the reply before the COMMIT leaves: a COMMIT with
+			// nothing to flush is answered in microseconds, and a reply that
+			// slipped through would make the fault no fault.
+			p.mu.Lock()
+			l.swallow = true
+			p.mu.Unlock()
+		}
 		if _, err := l.server.Write(msg); err != nil {
 			return
 		}
-		switch action {
-		case CutAfter:
+		if action == CutAfter {
 			// Let the server read the COMMIT before it sees the close; it
 			// processes what it has read in order.
 			if tcp, ok := l.server.(*net.TCPConn); ok {
@@ -270,10 +277,6 @@ func (p *Proxy) clientToServer(l *link) {
 			}
 			l.client.Close()
 			return
-		case SwallowReply:
-			p.mu.Lock()
-			l.swallow = true
-			p.mu.Unlock()
 		}
 	}
 }
