@@ -13,3 +13,10 @@ import "embed"
 //
 //go:embed *.sql
 var FS embed.FS
+
+// RiverGrants gives the service roles what they need on River's tables. River
+// creates them with its own migrator (rivermigrate), which runs after the
+// files above; golang-migrate skips this file, whose name has no version.
+//
+//go:embed river_grants.sql
+var RiverGrants string

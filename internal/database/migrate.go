@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -11,6 +12,9 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/payments-reference/idempotent-payments/migrations"
 )
@@ -39,7 +43,45 @@ func Migrate(ctx context.Context, ownerURL string) error {
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		return fmt.Errorf("apply migrations: %w", err)
 	}
+	return migrateRiver(ctx, ownerURL)
+}
+
+// migrateRiver creates or upgrades River's tables, the outbox's job queue, to
+// the version the river module ships, and grants the service roles their
+// use. rivermigrate records its versions in river_migration.
+func migrateRiver(ctx context.Context, ownerURL string) error {
+	pc, err := pgxpool.ParseConfig(ownerURL)
+	if err != nil {
+		return fmt.Errorf("parse owner database url: %w", err)
+	}
+	pc.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return fmt.Errorf("connect for river migrations: %w", Classify(err))
+	}
+	defer pool.Close()
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return fmt.Errorf("river migrator: %w", err)
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("apply river migrations: %w", err)
+	}
+	if _, err := pool.Exec(ctx, migrations.RiverGrants); err != nil {
+		return fmt.Errorf("grant river tables: %w", err)
+	}
 	return nil
+}
+
+// RiverVersion is the newest River schema version the river module ships,
+// the one migrate brings a database to.
+func RiverVersion() int {
+	migrator, err := rivermigrate.New(riverpgxv5.New(nil), nil)
+	if err != nil {
+		panic(err) // only a nil driver's config is checked; it cannot fail
+	}
+	all := migrator.AllVersions()
+	return all[len(all)-1].Version
 }
 
 // EnsureDatabase creates the database named in ownerURL when it does not

@@ -175,6 +175,8 @@ func (migrator) Hash() (string, error) {
 		h.Write(b)
 		return nil
 	})
+	// River's tables come from the river module's own migrations.
+	fmt.Fprintf(h, "river\x00%d\x00", database.RiverVersion())
 	return hex.EncodeToString(h.Sum(nil)), err
 }
 

@@ -1,0 +1,209 @@
+package processor
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// SimConfig switches the simulator's misbehaviour. Rates are probabilities
+// per request, drawn independently.
+type SimConfig struct {
+	// Latency passes before a request is processed. A caller that gave up
+	// meanwhile is not charged: its request never arrived.
+	Latency time.Duration
+	// ErrorRate answers 503 without doing anything.
+	ErrorRate float64
+	// DropRate charges, then closes the connection without a reply: the
+	// caller cannot know it was charged.
+	DropRate float64
+	// TimeoutRate charges, then holds the reply for Hold, longer than any
+	// sensible caller waits.
+	TimeoutRate float64
+	Hold        time.Duration
+	// Seed makes the draws repeatable.
+	Seed uint64
+}
+
+// Simulator is a payment processor that honours idempotency keys the way
+// Stripe does: a key's first request is processed and its reply stored; a
+// later request with the same key and parameters gets that reply again and
+// charges nothing; the same key with other parameters is refused (400).
+// Amounts whose last two digits are 02 are declined (402 card_declined), like
+// a processor's test card. It counts, per key, how many times money actually
+// moved, which is what the tests check.
+type Simulator struct {
+	mu      sync.Mutex
+	cfg     SimConfig
+	rng     *rand.Rand
+	records map[string]*record
+	charges map[string]*record // succeeded charges by key, for refunds
+	effects map[string]int     // key -> times money moved
+	calls   int
+}
+
+type record struct {
+	params   string // the request's parameters, canonical JSON
+	status   int
+	body     []byte
+	amount   int64
+	refunded int64
+}
+
+// NewSimulator returns a simulator with cfg's switches.
+func NewSimulator(cfg SimConfig) *Simulator {
+	return &Simulator{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		records: map[string]*record{}, charges: map[string]*record{}, effects: map[string]int{}}
+}
+
+// SetConfig changes the switches; requests already waiting keep the old ones.
+func (s *Simulator) SetConfig(cfg SimConfig) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg = cfg
+}
+
+// Effects returns how many times money moved for key: 0 or 1 for a processor
+// that keeps its promise.
+func (s *Simulator) Effects(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.effects[key]
+}
+
+// Stats is what the simulator saw.
+type Stats struct {
+	Calls   int            `json:"calls"`
+	Effects map[string]int `json:"effects"`
+}
+
+// Stats returns a copy of the counts.
+func (s *Simulator) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{Calls: s.calls, Effects: make(map[string]int, len(s.effects))}
+	for k, n := range s.effects {
+		st.Effects[k] = n
+	}
+	return st
+}
+
+// ServeHTTP serves POST /v1/charges, POST /v1/refunds and GET /v1/stats.
+func (s *Simulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/charges":
+		s.serve(w, r, false)
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/refunds":
+		s.serve(w, r, true)
+	case r.Method == http.MethodGet && r.URL.Path == "/v1/stats":
+		writeJSON(w, http.StatusOK, s.Stats())
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
+	key := r.Header.Get("Idempotency-Key")
+	var in struct {
+		Amount   int64  `json:"amount"`
+		Currency string `json:"currency"`
+		Charge   string `json:"charge"`
+	}
+	if key == "" || json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&in) != nil || in.Amount <= 0 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_request"})
+		return
+	}
+	s.mu.Lock()
+	cfg := s.cfg
+	s.mu.Unlock()
+	if !sleep(r.Context(), cfg.Latency) {
+		return
+	}
+
+	s.mu.Lock()
+	s.calls++
+	fail, drop, hold := s.rng.Float64() < cfg.ErrorRate, s.rng.Float64() < cfg.DropRate, s.rng.Float64() < cfg.TimeoutRate
+	if fail {
+		s.mu.Unlock()
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "unavailable"})
+		return
+	}
+	params, _ := json.Marshal(in)
+	rec, seen := s.records[key]
+	switch {
+	case seen && rec.params != string(params):
+		s.mu.Unlock()
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "idempotency_key_reused"})
+		return
+	case !seen:
+		rec = s.process(key, string(params), in.Amount, in.Charge, refund)
+		s.records[key] = rec
+	}
+	status, body := rec.status, rec.body
+	s.mu.Unlock()
+
+	switch {
+	case drop:
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+			return
+		}
+		panic(http.ErrAbortHandler) // closes the connection without a reply
+	case hold:
+		if !sleep(r.Context(), cfg.Hold) {
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// process decides a new key's outcome and moves the money. s.mu is held.
+func (s *Simulator) process(key, params string, amount int64, charge string, refund bool) *record {
+	rec := &record{params: params, amount: amount}
+	reply := func(status int, v any) *record {
+		rec.status = status
+		rec.body, _ = json.Marshal(v)
+		return rec
+	}
+	if refund {
+		ch, ok := s.charges[charge]
+		if !ok || ch.refunded+amount > ch.amount {
+			return reply(http.StatusUnprocessableEntity, map[string]string{"error": "charge_not_refundable"})
+		}
+		ch.refunded += amount
+		s.effects[key]++
+		return reply(http.StatusOK, map[string]string{"id": "re_" + key})
+	}
+	if amount%100 == 2 {
+		return reply(http.StatusPaymentRequired, map[string]string{"error": "card_declined"})
+	}
+	s.charges[key] = rec
+	s.effects[key]++
+	return reply(http.StatusOK, map[string]string{"id": "ch_" + key})
+}
+
+// sleep waits d, or less if ctx ends first; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
