@@ -49,12 +49,14 @@ func (r reply) final() bool {
 }
 
 // noEffect reports whether r told the client that the attempt had no effect:
-// anything but a success, a stored business outcome, an unknown outcome and
-// no response at all. If such an attempt's request id is later found as the
+// anything but a success, a stored business outcome (a refund that exceeds
+// what remains, or of a failed payment), an unknown outcome and no response
+// at all. If such an attempt's request id is later found as the
 // producer of a stored outcome, the service lied.
 func (r reply) noEffect() bool {
 	switch {
-	case r.status == 0, r.status/100 == 2, r.problem == "outcome-unknown", r.problem == "refund-exceeds-payment":
+	case r.status == 0, r.status/100 == 2, r.problem == "outcome-unknown",
+		r.problem == "refund-exceeds-payment", r.problem == "payment-not-refundable": // stored business outcomes
 		return false
 	}
 	return true

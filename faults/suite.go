@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
 )
 
 // config is every knob of a run.
@@ -110,7 +112,27 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	if err != nil {
 		return nil, err
 	}
+	// The processor runs here, so its counts can be read: how often money
+	// moved for each payment and refund. It misbehaves too: 10% of calls
+	// fail (nothing charged), 5% are charged and then dropped unanswered.
+	sim := processor.NewSimulator(processor.SimConfig{ErrorRate: 0.1, DropRate: 0.05, Seed: 1})
+	simLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	simSrv := &http.Server{Handler: sim, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = simSrv.Serve(simLn) }()
+	defer simSrv.Close()
+
 	api, err := newAPI(bin, filepath.Join(cfg.out, "api.log"), []string{
+		"PROCESSOR_URL=http://" + simLn.Addr().String(),
+		"PROCESSOR_TIMEOUT=2s",
+		"OUTBOX_WORKERS=4",
+		"OUTBOX_JOB_TIMEOUT=5s",
+		"OUTBOX_RESCUE_AFTER=10s",
+		"OUTBOX_RETRY_BASE=50ms",
+		"OUTBOX_RETRY_MAX=500ms",
+		"OUTBOX_MAX_ATTEMPTS=25",
 		"METRICS_ADDR=127.0.0.1:0",
 		"DATABASE_URL=" + appURL,
 		"MAINTENANCE_DATABASE_URL=" + withUser(cfg.adminURL, "payments_maintenance"),
@@ -228,7 +250,12 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		for proxy.Held() > 0 && time.Now().Before(bound) {
 			time.Sleep(100 * time.Millisecond)
 		}
-		checks, err := verify(ctx, admin, l, proxy.Held())
+		// The outbox settles what the clients created: a job whose worker
+		// was killed runs again after OUTBOX_RESCUE_AFTER.
+		if err := waitSettled(ctx, admin, 30*time.Second); err != nil {
+			return nil, err
+		}
+		checks, err := verify(ctx, admin, l, proxy.Held(), sim)
 		if err != nil {
 			return nil, err
 		}
@@ -250,7 +277,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 
 // verify checks the invariants against the database, once the clients have
 // stopped.
-func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int) ([]check, error) {
+func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *processor.Simulator) ([]check, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	dbPayments := map[string]bool{}
@@ -285,7 +312,11 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int) ([]ch
 	if err := admin.QueryRow(ctx, `
 		SELECT count(*) FROM payments p
 		WHERE p.amount_refunded > p.amount
-		   OR p.amount_refunded <> (SELECT coalesce(sum(r.amount), 0) FROM refunds r WHERE r.payment_id = p.id)`).Scan(&overRefunded); err != nil {
+		   OR p.amount_refunded <> (SELECT coalesce(sum(r.amount), 0) FROM refunds r WHERE r.payment_id = p.id AND r.status <> 'failed')`).Scan(&overRefunded); err != nil {
+		return nil, err
+	}
+	unsettled, chargedTwice, chargeMismatch, err := processorChecks(ctx, admin, sim)
+	if err != nil {
 		return nil, err
 	}
 
@@ -310,6 +341,9 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int) ([]ch
 		{Name: "acknowledged refunds missing from the database", Found: lostRefunds},
 		{Name: "refunds no client was told about", Found: strayRefunds},
 		{Name: "payments refunded beyond their amount, or out of step with their refunds", Found: overRefunded},
+		{Name: "payments and refunds left processing or pending", Found: unsettled},
+		{Name: "payments and refunds the processor executed more than once", Found: chargedTwice},
+		{Name: "succeeded ones the processor never executed, or failed ones it did", Found: chargeMismatch},
 		{Name: "keys left in_progress", Found: inProgress},
 		{Name: "intents without a final answer within the deadline", Found: l.unresolved},
 		{Name: "database sessions still held by vanished holders", Found: held},
@@ -320,6 +354,56 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int) ([]ch
 		checks[i].Holds = checks[i].Found == 0
 	}
 	return checks, nil
+}
+
+// waitSettled waits until no payment is processing and no refund pending,
+// or the bound passes; verify reports what is left.
+func waitSettled(ctx context.Context, admin *pgxpool.Pool, bound time.Duration) error {
+	deadline := time.Now().Add(bound)
+	for {
+		var n int
+		err := admin.QueryRow(ctx, `
+			SELECT (SELECT count(*) FROM payments WHERE status = 'processing') + (SELECT count(*) FROM refunds WHERE status = 'pending')`).Scan(&n)
+		if err != nil {
+			return err
+		}
+		if n == 0 || time.Now().After(deadline) {
+			return nil
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// processorChecks compares the database with the processor: how many are
+// not settled, how many keys the processor executed twice, and how many
+// settled ones disagree with it (succeeded without its effect, failed with it).
+func processorChecks(ctx context.Context, admin *pgxpool.Pool, sim *processor.Simulator) (unsettled, twice, mismatch int, err error) {
+	rows, err := admin.Query(ctx, `SELECT id::text, status FROM payments UNION ALL SELECT id::text, status FROM refunds`)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	type row struct{ id, status string }
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		return x, r.Scan(&x.id, &x.status)
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	for _, x := range all {
+		n := sim.Effects(x.id)
+		switch {
+		case x.status == "processing" || x.status == "pending":
+			unsettled++
+		case n > 1:
+			twice++
+		case (x.status == "succeeded") != (n == 1):
+			mismatch++
+		}
+	}
+	return unsettled, twice, mismatch, nil
 }
 
 func queryStrings(ctx context.Context, db *pgxpool.Pool, sql string) ([]string, error) {

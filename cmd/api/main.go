@@ -5,6 +5,7 @@
 //	api keys create --principal NAME --scopes S  create an API key; prints one JSON line
 //	api keys revoke ID                           revoke an API key
 //	api sweep                                    delete expired keys once; prints one JSON line
+//	api processor-sim                            run the payment processor simulator on ADDR
 //
 // Settings come from environment variables; see internal/config and README.md.
 package main
@@ -30,6 +31,7 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
@@ -37,6 +39,10 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/telemetry"
 )
 
@@ -55,7 +61,8 @@ const usage = `usage:
   api migrate up
   api keys create --principal NAME --scopes payments:read,payments:write
   api keys revoke ID
-  api sweep`
+  api sweep
+  api processor-sim`
 
 // run dispatches to a subcommand. It returns instead of exiting so that
 // deferred cleanups run and tests can call it.
@@ -89,6 +96,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return errors.New(usage)
 		}
 		return sweep(ctx, cfg, stdout)
+	case "processor-sim":
+		if len(args) != 0 {
+			return errors.New(usage)
+		}
+		return serveSimulator(ctx, cfg, log)
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -165,6 +177,34 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		})
 	}
 
+	proc, err := newProcessor(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	if proc, err = processor.Measured(proc, tel.MeterProvider); err != nil {
+		return err
+	}
+	jobs, err := newOutbox(cfg, pool, proc, log, tel)
+	if err != nil {
+		return err
+	}
+	if cfg.OutboxWorkers > 0 {
+		giveUp := outbox.StartWhenReachable(bg, jobs, func(err error) { log.Warn("outbox workers not started yet", "error", err) })
+		// After the server has drained: jobs its last requests inserted
+		// are worked now or by the next process.
+		defer func() {
+			giveUp()
+			sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+			defer cancel()
+			if err := jobs.Stop(sctx); err != nil {
+				log.Error("outbox workers stop", "error", err)
+			}
+		}()
+	}
+	if err := outbox.RegisterMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
+		return err
+	}
+
 	executor, err := idempotency.NewExecutor(pool, idempotency.Config{
 		Retention:              cfg.Retention(),
 		LockTimeout:            cfg.LockTimeout,
@@ -180,6 +220,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		Logger:          log,
 		Pool:            pool,
 		Idempotency:     executor,
+		Outbox:          jobs,
 		MaxBodyBytes:    cfg.MaxBodyBytes,
 		RequestTimeout:  cfg.RequestTimeout,
 		TracerProvider:  tel.TracerProvider,
@@ -223,6 +264,63 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// newProcessor returns the processor client: for PROCESSOR_URL, or for a
+// simulator started in this process on a loopback port, which lives as long
+// as ctx.
+func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger) (processor.Processor, error) {
+	url := cfg.ProcessorURL
+	if url == "" {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("listen for the processor simulator: %w", err)
+		}
+		srv := &http.Server{Handler: processor.NewSimulator(simConfig(cfg)), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(l) }()
+		context.AfterFunc(ctx, func() { srv.Close() })
+		url = "http://" + l.Addr().String()
+		log.Info("processor simulator running in process; set PROCESSOR_URL for a real processor", "url", url)
+	}
+	return processor.NewClient(url, &http.Client{Timeout: cfg.ProcessorTimeout}), nil
+}
+
+func simConfig(cfg config.Config) processor.SimConfig {
+	return processor.SimConfig{Latency: cfg.Sim.Latency, ErrorRate: cfg.Sim.ErrorRate, DropRate: cfg.Sim.DropRate,
+		TimeoutRate: cfg.Sim.TimeoutRate, Hold: cfg.Sim.Hold, Seed: uint64(time.Now().UnixNano())}
+}
+
+// serveSimulator runs the processor simulator alone, on ADDR, until ctx ends.
+func serveSimulator(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	srv := &http.Server{Addr: cfg.Addr, Handler: processor.NewSimulator(simConfig(cfg)), ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Info("processor simulator listening", "addr", cfg.Addr)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("listen: %w", err)
+	case <-ctx.Done():
+		return srv.Close()
+	}
+}
+
+// newOutbox returns the River client that inserts and works the processor
+// jobs of payments and refunds.
+func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor, log *slog.Logger, tel *telemetry.Telemetry) (*outbox.Client, error) {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
+	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
+	return outbox.NewClient(pool, workers, outbox.Config{
+		Workers:        cfg.OutboxWorkers,
+		JobTimeout:     cfg.OutboxJobTimeout,
+		RescueAfter:    cfg.OutboxRescueAfter,
+		MaxAttempts:    cfg.OutboxMaxAttempts,
+		RetryBase:      cfg.OutboxRetryBase,
+		RetryMax:       cfg.OutboxRetryMax,
+		Logger:         log,
+		TracerProvider: tel.TracerProvider,
+		MeterProvider:  tel.MeterProvider,
+	})
 }
 
 func newSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider) (*idempotency.Sweeper, error) {

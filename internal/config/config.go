@@ -53,6 +53,28 @@ type Config struct {
 	// idle this long (DB_IDLE_IN_TX_TIMEOUT): the bound on how long a key
 	// stays locked after its holder vanished without closing its connection.
 	DBIdleInTxTimeout time.Duration
+	// ProcessorURL is the payment processor's API (PROCESSOR_URL). Empty runs
+	// the simulator in process, on a loopback port.
+	ProcessorURL string
+	// ProcessorTimeout bounds one processor call (PROCESSOR_TIMEOUT).
+	ProcessorTimeout time.Duration
+	// Sim configures the in-process simulator (PROCESSOR_SIM_*), and the
+	// processor-sim subcommand.
+	Sim SimSettings
+	// OutboxWorkers is how many outbox jobs (processor calls) run at once
+	// (OUTBOX_WORKERS); 0 leaves the jobs to another process.
+	OutboxWorkers int
+	// OutboxJobTimeout bounds one attempt of a job; OutboxRescueAfter (longer)
+	// is when the job of a worker that died runs again (OUTBOX_JOB_TIMEOUT,
+	// OUTBOX_RESCUE_AFTER).
+	OutboxJobTimeout  time.Duration
+	OutboxRescueAfter time.Duration
+	// OutboxMaxAttempts is a job's retry budget (OUTBOX_MAX_ATTEMPTS); the
+	// backoff between attempts grows from OutboxRetryBase to OutboxRetryMax
+	// (OUTBOX_RETRY_BASE, OUTBOX_RETRY_MAX).
+	OutboxMaxAttempts int
+	OutboxRetryBase   time.Duration
+	OutboxRetryMax    time.Duration
 	// IdempotencyWindow is the published retry window (IDEMPOTENCY_WINDOW).
 	IdempotencyWindow time.Duration
 	// IdempotencyMargin is kept beyond the window before a key may be
@@ -104,6 +126,13 @@ func Defaults() Config {
 		DBAcquireTimeout:       2 * time.Second,
 		LockTimeout:            5 * time.Second,
 		DBIdleInTxTimeout:      10 * time.Second,
+		ProcessorTimeout:       10 * time.Second,
+		OutboxWorkers:          8,
+		OutboxJobTimeout:       30 * time.Second,
+		OutboxRescueAfter:      2 * time.Minute,
+		OutboxMaxAttempts:      15,
+		OutboxRetryBase:        time.Second,
+		OutboxRetryMax:         10 * time.Minute,
 		IdempotencyWindow:      24 * time.Hour,
 		IdempotencyMargin:      time.Hour,
 		MaxBodyBytes:           1 << 20,
@@ -153,6 +182,18 @@ func Load(getenv func(string) string) (Config, error) {
 		}
 		set(n)
 	}
+	rate := func(name string, dst *float64) {
+		v := getenv(name)
+		if v == "" {
+			return
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1 {
+			errs = append(errs, fmt.Errorf("%s=%q: want a probability from 0 to 1", name, v))
+			return
+		}
+		*dst = f
+	}
 	boolean := func(name string, dst *bool) {
 		v := getenv(name)
 		if v == "" {
@@ -179,6 +220,19 @@ func Load(getenv func(string) string) (Config, error) {
 	dur("DB_ACQUIRE_TIMEOUT", &c.DBAcquireTimeout, time.Millisecond)
 	dur("LOCK_TIMEOUT", &c.LockTimeout, time.Millisecond)
 	dur("DB_IDLE_IN_TX_TIMEOUT", &c.DBIdleInTxTimeout, 100*time.Millisecond)
+	str("PROCESSOR_URL", &c.ProcessorURL)
+	dur("PROCESSOR_TIMEOUT", &c.ProcessorTimeout, time.Millisecond)
+	dur("PROCESSOR_SIM_LATENCY", &c.Sim.Latency, 0)
+	rate("PROCESSOR_SIM_ERROR_RATE", &c.Sim.ErrorRate)
+	rate("PROCESSOR_SIM_DROP_RATE", &c.Sim.DropRate)
+	rate("PROCESSOR_SIM_TIMEOUT_RATE", &c.Sim.TimeoutRate)
+	dur("PROCESSOR_SIM_HOLD", &c.Sim.Hold, 0)
+	integer("OUTBOX_WORKERS", 0, 1000, func(n int64) { c.OutboxWorkers = int(n) })
+	dur("OUTBOX_JOB_TIMEOUT", &c.OutboxJobTimeout, time.Second)
+	dur("OUTBOX_RESCUE_AFTER", &c.OutboxRescueAfter, time.Second)
+	integer("OUTBOX_MAX_ATTEMPTS", 1, 100, func(n int64) { c.OutboxMaxAttempts = int(n) })
+	dur("OUTBOX_RETRY_BASE", &c.OutboxRetryBase, time.Millisecond)
+	dur("OUTBOX_RETRY_MAX", &c.OutboxRetryMax, time.Millisecond)
 	dur("IDEMPOTENCY_WINDOW", &c.IdempotencyWindow, time.Minute)
 	dur("IDEMPOTENCY_MARGIN", &c.IdempotencyMargin, 0)
 	integer("MAX_BODY_BYTES", 1024, 64<<20, func(n int64) { c.MaxBodyBytes = n })
@@ -208,6 +262,12 @@ func Load(getenv func(string) string) (Config, error) {
 	} else if c.IdempotencyWindow < published {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_WINDOW=%s is shorter than the %s that openapi.yaml promises clients (x-idempotency.window-seconds); change both together", c.IdempotencyWindow, published))
 	}
+	if c.OutboxRescueAfter <= c.OutboxJobTimeout {
+		errs = append(errs, fmt.Errorf("OUTBOX_RESCUE_AFTER (%s) must be longer than OUTBOX_JOB_TIMEOUT (%s), or running jobs would run twice at once", c.OutboxRescueAfter, c.OutboxJobTimeout))
+	}
+	if c.ProcessorTimeout >= c.OutboxJobTimeout {
+		errs = append(errs, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than OUTBOX_JOB_TIMEOUT (%s)", c.ProcessorTimeout, c.OutboxJobTimeout))
+	}
 	if c.LockTimeout >= c.RequestTimeout {
 		errs = append(errs, fmt.Errorf("LOCK_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", c.LockTimeout, c.RequestTimeout))
 	}
@@ -215,6 +275,18 @@ func Load(getenv func(string) string) (Config, error) {
 		return Config{}, fmt.Errorf("invalid configuration: %w", errors.Join(errs...))
 	}
 	return c, nil
+}
+
+// SimSettings are the processor simulator's switches: latency before a call
+// is processed, and the share of calls that fail (503, no charge), are
+// charged and then dropped without a reply, or are charged and answered only
+// after Hold.
+type SimSettings struct {
+	Latency     time.Duration
+	ErrorRate   float64
+	DropRate    float64
+	TimeoutRate float64
+	Hold        time.Duration
 }
 
 // Retention is how long a key row is kept: the window plus the margin.
@@ -241,6 +313,8 @@ func (c Config) LogAttrs() []any {
 		slog.Int64("idempotency_key_quota", c.KeyQuota),
 		slog.String("sweep_interval", c.SweepInterval.String()),
 		slog.String("request_timeout", c.RequestTimeout.String()),
+		slog.String("processor_url", redact(c.ProcessorURL)),
+		slog.Int("outbox_workers", c.OutboxWorkers),
 	}
 }
 

@@ -111,6 +111,10 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*Pool, error) {
 // Close closes every connection.
 func (p *Pool) Close() { p.pool.Close() }
 
+// Pgx returns the underlying pgx pool, for libraries that take one (River).
+// Their waits are theirs to bound.
+func (p *Pool) Pgx() *pgxpool.Pool { return p.pool }
+
 // Stat returns the pool's statistics.
 func (p *Pool) Stat() *pgxpool.Stat { return p.pool.Stat() }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
 )
 
 // Deps is everything the API needs.
@@ -26,6 +27,9 @@ type Deps struct {
 	// Pool connects as the service role.
 	Pool        *database.Pool
 	Idempotency *idempotency.Executor
+	// Outbox takes the jobs a request inserts in its transaction: the
+	// processor calls of payments and refunds.
+	Outbox outbox.Inserter
 	// MaxBodyBytes bounds request bodies (413 above it).
 	MaxBodyBytes int64
 	// RequestTimeout bounds each request's work.
@@ -50,13 +54,14 @@ type api struct {
 	log          *slog.Logger
 	pool         *database.Pool
 	idem         *idempotency.Executor
+	outbox       outbox.Inserter
 	maxBodyBytes int64
 	serverTiming bool
 }
 
 // New returns the API's handler.
 func New(d Deps) http.Handler {
-	a := &api{log: d.Logger, pool: d.Pool, idem: d.Idempotency, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming}
+	a := &api{log: d.Logger, pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming}
 
 	r := chi.NewRouter()
 	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout))

@@ -130,6 +130,7 @@ func TestVanishedHolderFreesTheKeyWithinTheBound(t *testing.T) {
 	const idleInTx = 3 * time.Second
 	b := setup(t, func(o *options) {
 		o.faultProxy = true
+		o.noWorkers = true // only the request's COMMIT goes through the proxy
 		o.idleInTx = idleInTx
 		o.requestTimeout = time.Second
 		o.lockTimeout = 300 * time.Millisecond

@@ -34,7 +34,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, tx pgx.Tx) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, tx, req.Principal, in)
+			p, err := payments.Create(ctx, tx, a.outbox, req.Principal, in)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
@@ -60,7 +60,7 @@ func (a *api) createPaymentWithoutIdempotency(w http.ResponseWriter, r *http.Req
 	p, _ := auth.FromContext(r.Context())
 	var resp idempotency.Response
 	err := database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{}, func(tx pgx.Tx) error {
-		pay, err := payments.Create(r.Context(), tx, p.ID, in)
+		pay, err := payments.Create(r.Context(), tx, a.outbox, p.ID, in)
 		if err != nil {
 			return err
 		}

@@ -30,7 +30,7 @@ func TestCreatePayment(t *testing.T) {
 	p := decode(t, r.Body)
 	require.EqualValues(t, 1000, p["amount"])
 	require.Equal(t, "usd", p["currency"])
-	require.Equal(t, "succeeded", p["status"])
+	require.Equal(t, "processing", p["status"])
 	require.Equal(t, "order 42", p["description"])
 	require.Equal(t, map[string]any{"order": "42"}, p["metadata"])
 	require.NotEmpty(t, p["created_at"])

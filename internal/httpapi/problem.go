@@ -60,6 +60,8 @@ var (
 	ptMediaType        = problemType{"unsupported-media-type", "The request body must be application/json", http.StatusUnsupportedMediaType}
 	ptKeyReused        = problemType{"idempotency-key-reused", "Idempotency-Key was used for a different request", http.StatusUnprocessableEntity}
 	ptRefundExceeds    = problemType{"refund-exceeds-payment", "The refund exceeds what remains of the payment", http.StatusUnprocessableEntity}
+	ptNotRefundable    = problemType{"payment-not-refundable", "The payment cannot be refunded", http.StatusUnprocessableEntity}
+	ptProcessing       = problemType{"payment-processing", "The payment is still being charged", http.StatusConflict}
 	ptQuotaExceeded    = problemType{"idempotency-key-quota-exceeded", "Too many live idempotency keys", http.StatusTooManyRequests}
 	ptInternal         = problemType{"internal-error", "Internal server error", http.StatusInternalServerError}
 	ptUnavailable      = problemType{"service-unavailable", "The service is temporarily unavailable", http.StatusServiceUnavailable}
@@ -105,6 +107,8 @@ func problemFor(err error) Problem {
 		return newProblem(ptMediaType, "Send the body as application/json.")
 	case errors.Is(err, idempotency.ErrKeyReused):
 		return newProblem(ptKeyReused, "This Idempotency-Key was already used with a different request body or path. Nothing was executed; use a new key for a new request.")
+	case errors.Is(err, refunds.ErrPaymentProcessing):
+		return newProblem(ptProcessing, "The payment has not been charged yet. Nothing was recorded; retry after the indicated delay with the same Idempotency-Key.").retry(1)
 	case errors.Is(err, idempotency.ErrQuotaExceeded):
 		return newProblem(ptQuotaExceeded, "This principal holds as many live idempotency keys as its quota allows. Existing keys can still be replayed; new ones are accepted again as old ones expire.").retry(60)
 	// Before ErrUnavailable and DeadlineExceeded, which an unknown outcome

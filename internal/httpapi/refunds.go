@@ -43,32 +43,18 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, tx pgx.Tx) (idempotency.Outcome, error) {
-			// Locking the payment serializes refunds of one payment, so two
-			// refunds with different keys cannot both spend the same remainder.
 			// A payment of another principal is invisible here (row-level
 			// security): the error rolls back the claim and the caller gets 404.
-			p, err := payments.GetForUpdate(ctx, tx, paymentID)
-			if err != nil {
-				return idempotency.Outcome{}, err
-			}
-			refund, err := refunds.Create(ctx, tx, req.Principal, refunds.Payment{ID: p.ID, Currency: p.Currency, Refundable: p.Refundable()}, in)
+			refund, err := refunds.Request(ctx, tx, a.outbox, req.Principal, paymentID, in)
 			var exceeds *refunds.ExceedsError
-			if errors.As(err, &exceeds) {
-				// A business outcome, stored as failed and replayed as is.
-				detail := fmt.Sprintf("The refund of %d exceeds the %d that remains refundable on this payment.", exceeds.Requested, exceeds.Remaining)
-				return idempotency.Outcome{
-					Response: idempotency.Response{
-						Status:      ptRefundExceeds.status,
-						ContentType: ContentTypeProblem,
-						Body:        newProblem(ptRefundExceeds, detail).render(r),
-					},
-					Failed: true,
-				}, nil
-			}
-			if err != nil {
-				return idempotency.Outcome{}, err
-			}
-			if err := payments.AddRefunded(ctx, tx, p.ID, refund.Amount); err != nil {
+			switch {
+			case errors.As(err, &exceeds):
+				// Business outcomes, stored as failed and replayed as they are.
+				detail := fmt.Sprintf("The refund of %d exceeds the %d that remains refundable on this payment (pending refunds count).", exceeds.Requested, exceeds.Remaining)
+				return storedProblem(r, ptRefundExceeds, detail), nil
+			case errors.Is(err, refunds.ErrPaymentFailed):
+				return storedProblem(r, ptNotRefundable, "The payment failed, so there is nothing to refund."), nil
+			case err != nil:
 				return idempotency.Outcome{}, err
 			}
 			resp, err := renderJSON(http.StatusCreated, refund)
@@ -113,4 +99,13 @@ func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	a.respond(w, r, refund, err)
+}
+
+// storedProblem is a business rejection that happened after execution began:
+// an outcome of the request, stored as failed and replayed byte for byte.
+func storedProblem(r *http.Request, t problemType, detail string) idempotency.Outcome {
+	return idempotency.Outcome{
+		Response: idempotency.Response{Status: t.status, ContentType: ContentTypeProblem, Body: newProblem(t, detail).render(r)},
+		Failed:   true,
+	}
 }

@@ -4,18 +4,35 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 )
 
-// createPayment makes a payment of amount and returns its id.
+// createPayment makes a payment of amount, waits until the outbox worker has
+// charged it, and returns its id.
 func (b *testBundle) createPayment(t *testing.T, secret string, amount int) string {
 	t.Helper()
 	r := b.post(t, "/v1/payments", secret, "payment-"+t.Name()+"-"+randomSuffix(), `{"amount": `+itoa(amount)+`, "currency": "eur"}`)
 	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
-	return decode(t, r.Body)["id"].(string)
+	id := decode(t, r.Body)["id"].(string)
+	require.Equal(t, "succeeded", b.settled(t, "/v1/payments/"+id, secret)["status"])
+	return id
+}
+
+// settled polls a payment or refund until it leaves its first status
+// (processing, pending) and returns it.
+func (b *testBundle) settled(t *testing.T, path, secret string) map[string]any {
+	t.Helper()
+	var last map[string]any
+	require.Eventually(t, func() bool {
+		r := b.get(t, path, secret)
+		last = decode(t, r.Body)
+		return r.Status == http.StatusOK && last["status"] != "processing" && last["status"] != "pending"
+	}, 15*time.Second, 20*time.Millisecond, "never settled: %v", last)
+	return last
 }
 
 func TestRefundAPayment(t *testing.T) {
@@ -31,7 +48,7 @@ func TestRefundAPayment(t *testing.T) {
 	require.EqualValues(t, 300, refund["amount"])
 	require.Equal(t, "eur", refund["currency"])
 	require.Equal(t, "requested_by_customer", refund["reason"])
-	require.Equal(t, "succeeded", refund["status"])
+	require.Equal(t, "pending", refund["status"])
 	require.NotEmpty(t, refund["created_at"])
 
 	// Without an amount, a refund takes what remains.

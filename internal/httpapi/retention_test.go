@@ -138,6 +138,7 @@ func TestLargeResponsesAreStoredAsReferences(t *testing.T) {
 	require.Equal(t, first.Status, again.Status)
 	require.Equal(t, first.Body, again.Body)
 
+	b.settled(t, "/v1/payments/"+id, k.Secret)
 	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`).Status)
 	later := b.post(t, "/v1/payments", k.Secret, "big", paymentBody)
 	require.Equal(t, http.StatusCreated, later.Status)

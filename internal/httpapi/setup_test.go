@@ -19,6 +19,7 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -28,6 +29,10 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
@@ -51,6 +56,8 @@ type options struct {
 	// faultProxy puts a faultproxy.Proxy between the service pool and the
 	// database, as testBundle.proxy.
 	faultProxy bool
+	// noWorkers leaves outbox jobs unworked: payments stay processing.
+	noWorkers bool
 }
 
 // testBundle is a running API on its own database.
@@ -65,6 +72,8 @@ type testBundle struct {
 	quota   *idempotency.Quota
 	sweeper *idempotency.Sweeper
 	proxy   *faultproxy.Proxy // nil unless options.faultProxy
+	// sim is the processor the outbox workers call.
+	sim *processor.Simulator
 	// spans and metrics record what the service reported.
 	spans   *tracetest.SpanRecorder
 	metrics *sdkmetric.ManualReader
@@ -122,6 +131,28 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	}
 
 	require.NoError(t, idempotency.RegisterStoreMetrics(mp, maint, 0))
+	b.sim = processor.NewSimulator(processor.SimConfig{})
+	simSrv := httptest.NewServer(b.sim)
+	t.Cleanup(simSrv.Close)
+	proc := processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second})
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
+	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
+	jobs, err := outbox.NewClient(pool, workers, outbox.Config{
+		Workers: outboxWorkers, JobTimeout: 10 * time.Second, RescueAfter: 30 * time.Second,
+		MaxAttempts: 5, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	if !o.noWorkers {
+		giveUp := outbox.StartWhenReachable(ctx, jobs, func(err error) { t.Logf("outbox workers not started yet: %v", err) })
+		t.Cleanup(func() {
+			giveUp()
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, jobs.Stop(sctx))
+		})
+	}
+
 	executor, err := idempotency.NewExecutor(pool, idempotency.Config{
 		Retention: 25 * time.Hour, LockTimeout: o.lockTimeout, MaxStoredResponseBytes: o.maxStored, Quota: b.quota,
 		TracerProvider: tp, MeterProvider: mp,
@@ -133,6 +164,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		Logger:          log,
 		Pool:            pool,
 		Idempotency:     executor,
+		Outbox:          jobs,
 		TracerProvider:  tp,
 		MeterProvider:   mp,
 		Propagator:      propagation.TraceContext{},
@@ -161,12 +193,16 @@ const (
 	// spareConns covers the owner connection newKey opens and one more a
 	// test may open by hand (a lock holder).
 	spareConns = 2
+	// outboxWorkers work jobs on the service pool; River's producer and
+	// maintenance take up to two connections of their own besides.
+	outboxWorkers = 2
+	outboxConns   = 2
 )
 
 // setupConns is the most connections a bundle built with o holds at once,
 // what it reserves from the run's budget.
 func setupConns(o options) int {
-	return int(o.maxConns) + adminConns + maintConns + spareConns
+	return int(o.maxConns) + adminConns + maintConns + spareConns + outboxConns
 }
 
 // newKey creates an API key for principal (created if new) and returns its secret.

@@ -1,9 +1,12 @@
 // Package payments owns the payments table: validating a new payment,
-// inserting it, reading it back, and recording what has been refunded.
+// recording it with the job that will charge it, charging it through the
+// processor (ChargeWorker), reading it back, and recording what has been
+// refunded.
 //
-// A payment here succeeds the moment it is recorded; there is no card network
-// behind it. The interesting part of this project is what protects the write,
-// not the write itself.
+// A payment is created `processing` in the request's transaction, together
+// with an outbox job; the job charges the processor with the payment's id as
+// the processor's idempotency key and records `succeeded` or `failed` in one
+// transaction with the job's completion.
 package payments
 
 import (
@@ -18,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
@@ -29,8 +33,13 @@ const (
 	MaxMetadataValue     = 500
 )
 
-// StatusSucceeded is the status of every recorded payment.
-const StatusSucceeded = "succeeded"
+// A payment's statuses: processing until the processor has answered, then
+// succeeded or failed (with a reason).
+const (
+	StatusProcessing = "processing"
+	StatusSucceeded  = "succeeded"
+	StatusFailed     = "failed"
+)
 
 // ErrNotFound means no payment with that id is visible to the principal.
 var ErrNotFound = errors.New("payment not found")
@@ -42,6 +51,7 @@ type Payment struct {
 	AmountRefunded int64             `json:"amount_refunded"`
 	Currency       string            `json:"currency"`
 	Status         string            `json:"status"`
+	FailureReason  *string           `json:"failure_reason"`
 	Description    *string           `json:"description"`
 	Metadata       map[string]string `json:"metadata"`
 	CreatedAt      time.Time         `json:"created_at"`
@@ -104,13 +114,14 @@ func (n NewPayment) Validate() error {
 	return c.Err()
 }
 
-// Create records a validated payment for principal in tx.
-func Create(ctx context.Context, tx pgx.Tx, principal uuid.UUID, n NewPayment) (Payment, error) {
+// Create records a validated payment for principal in tx, and the job that
+// will charge it: both commit with tx or neither does.
+func Create(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal uuid.UUID, n NewPayment) (Payment, error) {
 	p := Payment{
 		ID:          uuid.Must(uuid.NewV7()), // time-ordered: new rows land at the right edge of the primary key index
 		Amount:      *n.Amount,
 		Currency:    strings.ToLower(n.Currency),
-		Status:      StatusSucceeded,
+		Status:      StatusProcessing,
 		Description: n.Description,
 		Metadata:    n.Metadata,
 	}
@@ -124,6 +135,9 @@ func Create(ctx context.Context, tx pgx.Tx, principal uuid.UUID, n NewPayment) (
 		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata).Scan(&p.CreatedAt)
 	if err != nil {
 		return Payment{}, fmt.Errorf("insert payment: %w", database.Classify(err))
+	}
+	if _, err := jobs.InsertTx(ctx, tx, ChargeArgs{PaymentID: p.ID, Principal: principal}, nil); err != nil {
+		return Payment{}, fmt.Errorf("enqueue charge: %w", database.Classify(err))
 	}
 	return p, nil
 }
@@ -144,9 +158,9 @@ func GetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Payment, error)
 func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Payment, error) {
 	var p Payment
 	err := db.QueryRow(ctx, `
-		SELECT id, amount, amount_refunded, currency, status, description, metadata, created_at
+		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, created_at
 		FROM payments WHERE id = $1`+lock, id).
-		Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.Description, &p.Metadata, &p.CreatedAt)
+		Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
 	}
@@ -156,8 +170,9 @@ func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Paym
 	return p, nil
 }
 
-// AddRefunded records amount more as refunded on the payment. The table's
-// CHECK refuses a total above the payment's amount.
+// AddRefunded records amount more as refunded on the payment (less, for a
+// negative amount: a failed refund gives its amount back). The table's CHECK
+// refuses a total above the payment's amount or below zero.
 func AddRefunded(ctx context.Context, tx pgx.Tx, id uuid.UUID, amount int64) error {
 	tag, err := tx.Exec(ctx, `UPDATE payments SET amount_refunded = amount_refunded + $2 WHERE id = $1`, id, amount)
 	if err != nil {

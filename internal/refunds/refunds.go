@@ -1,9 +1,10 @@
 // Package refunds owns the refunds table: the rule that refunds never exceed
-// what remains of a payment, inserting a refund, and reading refunds back.
+// what remains of a payment, recording a refund with the job that will send
+// it to the processor (RefundWorker), and reading refunds back.
 //
-// It does not touch the payments table. The caller locks the payment, passes
-// what remains refundable, and records the refunded amount on the payment
-// (internal/httpapi/refunds.go), all in the one request transaction.
+// A refund is recorded `pending`, and its amount is counted as refunded on
+// the payment at once, so pending refunds count against what remains; a
+// refund the processor refuses gives its amount back.
 package refunds
 
 import (
@@ -17,20 +18,35 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
 // Reasons a client may give.
 var Reasons = []string{"requested_by_customer", "duplicate", "fraudulent"}
 
-// StatusSucceeded is the status of every recorded refund.
-const StatusSucceeded = "succeeded"
+// A refund's statuses: pending until the processor has answered, then
+// succeeded or failed (with a reason).
+const (
+	StatusPending   = "pending"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+)
 
 // ListLimit is the most refunds one list response holds.
 const ListLimit = 100
 
 // ErrNotFound means no refund with that id is visible to the principal.
 var ErrNotFound = errors.New("refund not found")
+
+// ErrPaymentProcessing means the payment has not been charged yet: it cannot
+// be refunded now, but may be soon. Nothing was recorded.
+var ErrPaymentProcessing = errors.New("payment is still processing")
+
+// ErrPaymentFailed is the business rejection of a refund of a payment that
+// failed: there is nothing to give back. Like ExceedsError, it is an outcome.
+var ErrPaymentFailed = errors.New("payment failed; nothing to refund")
 
 // ExceedsError is the business rejection of a refund larger than what remains
 // of the payment. It happens after execution began (the payment was locked
@@ -52,7 +68,9 @@ type Refund struct {
 	Currency  string    `json:"currency"`
 	Reason    *string   `json:"reason"`
 	Status    string    `json:"status"`
-	CreatedAt time.Time `json:"created_at"`
+	// FailureReason says why a failed refund failed; null otherwise.
+	FailureReason *string   `json:"failure_reason"`
+	CreatedAt     time.Time `json:"created_at"`
 }
 
 // NewRefund is a request to refund a payment. Amount nil means everything
@@ -74,23 +92,29 @@ func (n NewRefund) Validate() error {
 	return c.Err()
 }
 
-// Payment is what a refund needs to know of the payment it refunds. The
-// caller must hold the payment's row lock while Create runs.
-type Payment struct {
-	ID         uuid.UUID
-	Currency   string
-	Refundable int64
-}
-
-// Create records a refund of p in tx, or returns *ExceedsError when the
-// requested amount (by default, all that remains) is more than remains.
-func Create(ctx context.Context, tx pgx.Tx, principal uuid.UUID, p Payment, n NewRefund) (Refund, error) {
-	amount := p.Refundable
+// Request records a refund of the payment paymentID in tx, with the job that
+// will send it to the processor. It locks the payment first: refunds of one
+// payment run one after another, and each sees what the previous ones, pending
+// included, took. It returns *ExceedsError when the amount (by default, all
+// that remains) is more than remains, ErrPaymentFailed or ErrPaymentProcessing
+// for a payment that cannot be refunded (now), and payments.ErrNotFound.
+func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal, paymentID uuid.UUID, n NewRefund) (Refund, error) {
+	p, err := payments.GetForUpdate(ctx, tx, paymentID)
+	if err != nil {
+		return Refund{}, err
+	}
+	switch p.Status {
+	case payments.StatusProcessing:
+		return Refund{}, ErrPaymentProcessing
+	case payments.StatusFailed:
+		return Refund{}, ErrPaymentFailed
+	}
+	amount := p.Refundable()
 	if n.Amount != nil {
 		amount = *n.Amount
 	}
-	if amount > p.Refundable || amount <= 0 {
-		return Refund{}, &ExceedsError{Requested: amount, Remaining: p.Refundable}
+	if amount > p.Refundable() || amount <= 0 {
+		return Refund{}, &ExceedsError{Requested: amount, Remaining: p.Refundable()}
 	}
 	r := Refund{
 		ID:        uuid.Must(uuid.NewV7()),
@@ -98,9 +122,9 @@ func Create(ctx context.Context, tx pgx.Tx, principal uuid.UUID, p Payment, n Ne
 		Amount:    amount,
 		Currency:  p.Currency,
 		Reason:    n.Reason,
-		Status:    StatusSucceeded,
+		Status:    StatusPending,
 	}
-	err := tx.QueryRow(ctx, `
+	err = tx.QueryRow(ctx, `
 		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, now())
 		RETURNING created_at`,
@@ -108,14 +132,20 @@ func Create(ctx context.Context, tx pgx.Tx, principal uuid.UUID, p Payment, n Ne
 	if err != nil {
 		return Refund{}, fmt.Errorf("insert refund: %w", database.Classify(err))
 	}
+	if err := payments.AddRefunded(ctx, tx, p.ID, r.Amount); err != nil {
+		return Refund{}, err
+	}
+	if _, err := jobs.InsertTx(ctx, tx, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}, nil); err != nil {
+		return Refund{}, fmt.Errorf("enqueue refund: %w", database.Classify(err))
+	}
 	return r, nil
 }
 
-const columns = `id, payment_id, amount, currency, reason, status, created_at`
+const columns = `id, payment_id, amount, currency, reason, status, failure_reason, created_at`
 
 func scan(row pgx.Row) (Refund, error) {
 	var r Refund
-	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.CreatedAt)
+	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.FailureReason, &r.CreatedAt)
 	return r, err
 }
 

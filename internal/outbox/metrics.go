@@ -1,0 +1,96 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+const instrumentationName = "github.com/payments-reference/idempotent-payments/internal/outbox"
+
+// RegisterMetrics reports the outbox's health, read from River's table with
+// pool (the maintenance role): jobs by state, and the age of the oldest job
+// waiting to run, the outbox's lag. Reads are cached for ttl so that a
+// scrape storm costs one query.
+func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Duration) error {
+	m := mp.Meter(instrumentationName)
+	jobs, err1 := m.Int64ObservableGauge("outbox_jobs",
+		metric.WithDescription("Outbox jobs by kind and state (available, running, retryable, completed, discarded, ...)."))
+	lag, err2 := m.Float64ObservableGauge("outbox_oldest_available_job_age_seconds",
+		metric.WithDescription("How long the oldest job that could run has waited; 0 when none waits. The outbox's lag."))
+	if err1 != nil || err2 != nil {
+		return fmt.Errorf("outbox gauges: %w %w", err1, err2)
+	}
+	g := &gauges{pool: pool, ttl: ttl}
+	_, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		s, ok := g.get(ctx)
+		if !ok {
+			return nil
+		}
+		for k, n := range s.jobs {
+			o.ObserveInt64(jobs, n, metric.WithAttributes(attribute.String("kind", k.kind), attribute.String("state", k.state)))
+		}
+		o.ObserveFloat64(lag, s.lag)
+		return nil
+	}, jobs, lag)
+	if err != nil {
+		return fmt.Errorf("outbox gauges callback: %w", err)
+	}
+	return nil
+}
+
+type kindState struct{ kind, state string }
+
+type snapshot struct {
+	jobs map[kindState]int64
+	lag  float64
+}
+
+type gauges struct {
+	pool *database.Pool
+	ttl  time.Duration
+
+	mu   sync.Mutex
+	at   time.Time
+	last snapshot
+	ok   bool
+}
+
+func (g *gauges) get(ctx context.Context) (snapshot, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ok && time.Since(g.at) < g.ttl {
+		return g.last, true
+	}
+	s := snapshot{jobs: map[kindState]int64{}}
+	err := g.pool.WithConn(ctx, func(c database.DBTX) error {
+		rows, err := c.Query(ctx, `SELECT kind, state::text, count(*) FROM river_job GROUP BY kind, state`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k kindState
+			var n int64
+			if err := rows.Scan(&k.kind, &k.state, &n); err != nil {
+				return err
+			}
+			s.jobs[k] = n
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		// The fetch index (state, queue, priority, scheduled_at, id) serves this.
+		return c.QueryRow(ctx, `
+			SELECT coalesce(extract(epoch FROM now() - min(scheduled_at)), 0)::float8
+			FROM river_job WHERE state = 'available' AND scheduled_at <= now()`).Scan(&s.lag)
+	})
+	g.at, g.last, g.ok = time.Now(), s, err == nil
+	return s, err == nil
+}

@@ -1,0 +1,146 @@
+// Package outbox runs the transactional outbox: jobs that a request inserts
+// into its own transaction (River, on the same PostgreSQL), worked after the
+// transaction commits. A job exists if and only if the request committed, so
+// an external effect is never lost and never started for a request that
+// rolled back. Workers repeat a job until it records its outcome, so what a
+// job calls must be idempotent: the processor's calls carry keys.
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/riverqueue/rivercontrib/otelriver"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// Inserter adds a job to a transaction. *river.Client[pgx.Tx] is one; a
+// domain package needs nothing else of River to enqueue.
+type Inserter interface {
+	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+}
+
+// Client is the River client: it inserts jobs and, when started, works them.
+type Client = river.Client[pgx.Tx]
+
+// Config tunes the workers.
+type Config struct {
+	// Workers is how many jobs run at once; 0 makes an insert-only client
+	// (no Start), for a process that must not work jobs.
+	Workers int
+	// JobTimeout bounds one attempt. RescueAfter (longer) is when a job
+	// whose worker died (kill -9, a lost host) is worked again.
+	JobTimeout  time.Duration
+	RescueAfter time.Duration
+	// MaxAttempts is the retry budget of a job; the last attempt records a
+	// failure rather than fail again (see the workers).
+	MaxAttempts int
+	// RetryBase and RetryMax shape the backoff: RetryBase * 2^(attempt-1),
+	// at most RetryMax, with jitter.
+	RetryBase, RetryMax time.Duration
+	Logger              *slog.Logger
+	TracerProvider      trace.TracerProvider
+	MeterProvider       metric.MeterProvider
+}
+
+// NewClient returns a River client over pool (the service role's), working
+// the jobs of workers. Job spans link to the request that inserted them:
+// the trace context travels in the job's metadata.
+func NewClient(pool *database.Pool, workers *river.Workers, cfg Config) (*Client, error) {
+	if cfg.RescueAfter <= cfg.JobTimeout {
+		return nil, errors.New("outbox: RescueAfter must be longer than JobTimeout")
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	rc := &river.Config{
+		Logger:               logger,
+		JobTimeout:           cfg.JobTimeout,
+		RescueStuckJobsAfter: cfg.RescueAfter,
+		MaxAttempts:          cfg.MaxAttempts,
+		RetryPolicy:          &backoff{base: cfg.RetryBase, max: cfg.RetryMax},
+		Middleware: []rivertype.Middleware{otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
+			EnableTracePropagation:      true,
+			EnableWorkSpanJobKindSuffix: true,
+			TracerProvider:              cfg.TracerProvider,
+			MeterProvider:               cfg.MeterProvider,
+		})},
+		// Polling instead of LISTEN: no pooled connection is held for
+		// notifications, and it works behind PgBouncer in transaction mode.
+		// A new job waits up to FetchPollInterval to start, which a client
+		// that reads the payment's final status later never notices.
+		PollOnly:          true,
+		FetchCooldown:     20 * time.Millisecond,
+		FetchPollInterval: 100 * time.Millisecond,
+	}
+	if cfg.Workers > 0 {
+		rc.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}}
+		rc.Workers = workers
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool.Pgx()), rc)
+	if err != nil {
+		return nil, fmt.Errorf("outbox client: %w", err)
+	}
+	return client, nil
+}
+
+// backoff is exponential with full jitter, so that jobs failed by one
+// processor outage do not all come back at once.
+type backoff struct{ base, max time.Duration }
+
+func (b *backoff) NextRetry(job *rivertype.JobRow) time.Time {
+	d := b.max
+	if shift := job.Attempt - 1; shift < 30 && b.base<<shift < b.max {
+		d = b.base << shift
+	}
+	return time.Now().Add(d/2 + rand.N(d/2+1))
+}
+
+// LastAttempt reports whether a job's current attempt is its last: a worker
+// then records a failure instead of failing once more, so no job is
+// discarded with its effect undecided.
+func LastAttempt(job *rivertype.JobRow) bool { return job.Attempt >= job.MaxAttempts }
+
+// StartWhenReachable starts client's workers, trying again every second
+// while the database cannot be reached. It returns at once: the service
+// starts, and answers /healthz, while the database is down, and its jobs wait
+// in the table meanwhile. onErr hears each failed try. The returned function
+// stops trying and waits until no try is running; stop the client itself
+// with its Stop method (a no-op if it never started). ctx is the workers'
+// context for as long as they run.
+func StartWhenReachable(ctx context.Context, client *Client, onErr func(error)) (giveUp func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			err := client.Start(ctx)
+			if err == nil {
+				return
+			}
+			onErr(err)
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
