@@ -29,12 +29,12 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
+	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
-	"github.com/payments-reference/idempotent-payments/internal/httpapi"
-	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
 )
 
