@@ -32,7 +32,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/config"
@@ -177,7 +179,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		})
 	}
 
-	proc, err := newProcessor(ctx, cfg, log)
+	proc, err := newProcessor(ctx, cfg, log, tel.TracerProvider)
 	if err != nil {
 		return err
 	}
@@ -269,7 +271,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 // newProcessor returns the processor client: for PROCESSOR_URL, or for a
 // simulator started in this process on a loopback port, which lives as long
 // as ctx.
-func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger) (processor.Processor, error) {
+func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider) (processor.Processor, error) {
 	url := cfg.ProcessorURL
 	if url == "" {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -282,7 +284,9 @@ func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger) (pro
 		url = "http://" + l.Addr().String()
 		log.Info("processor simulator running in process; set PROCESSOR_URL for a real processor", "url", url)
 	}
-	return processor.NewClient(url, &http.Client{Timeout: cfg.ProcessorTimeout}), nil
+	// Each call is a client span, a child of the job attempt that made it.
+	transport := otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))
+	return processor.NewClient(url, &http.Client{Timeout: cfg.ProcessorTimeout, Transport: transport}), nil
 }
 
 func simConfig(cfg config.Config) processor.SimConfig {

@@ -7,11 +7,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // spansNamed returns the ended spans with the given name, oldest first.
@@ -219,4 +221,37 @@ func TestRequestLogLines(t *testing.T) {
 	require.Regexp(t, `^[0-9a-f]{32}$`, line["trace_id"])
 	require.Equal(t, "/v1/payments", line["route"])
 	require.EqualValues(t, 201, line["status"])
+}
+
+// One trace shows the request, the outbox job that charged its payment, and
+// the processor call the job made.
+func TestChargeIsTracedInTheRequestsTrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	r := b.post(t, "/v1/payments", k.Secret, "traced", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status)
+	b.settled(t, "/v1/payments/"+decode(t, r.Body)["id"].(string), k.Secret)
+
+	server := b.spansNamed("POST /v1/payments")
+	require.Len(t, server, 1)
+	var job sdktrace.ReadOnlySpan
+	require.Eventually(t, func() bool {
+		jobs := b.spansNamed("outbox charge_payment")
+		if len(jobs) == 0 {
+			return false
+		}
+		job = jobs[0]
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "no span for the charge job")
+	require.Equal(t, server[0].SpanContext().TraceID(), job.SpanContext().TraceID(), "the job is in the request's trace")
+
+	var call sdktrace.ReadOnlySpan
+	for _, s := range b.spans.Ended() {
+		if s.SpanKind() == trace.SpanKindClient && s.Parent().SpanID() == job.SpanContext().SpanID() && attr(s, "http.request.method") == "POST" {
+			call = s
+		}
+	}
+	require.NotNil(t, call, "no processor call under the job's span")
+	require.Contains(t, attr(call, "url.full"), "/v1/charges")
 }

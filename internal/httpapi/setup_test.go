@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -134,13 +135,15 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	b.sim = processor.NewSimulator(processor.SimConfig{})
 	simSrv := httptest.NewServer(b.sim)
 	t.Cleanup(simSrv.Close)
-	proc := processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second})
+	proc := processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second,
+		Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))})
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
 	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
 	jobs, err := outbox.NewClient(pool, workers, outbox.Config{
 		Workers: outboxWorkers, JobTimeout: 10 * time.Second, RescueAfter: 30 * time.Second,
 		MaxAttempts: 5, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		TracerProvider: tp, MeterProvider: mp,
 	})
 	require.NoError(t, err)
 	if !o.noWorkers {

@@ -55,8 +55,8 @@ type Config struct {
 }
 
 // NewClient returns a River client over pool (the service role's), working
-// the jobs of workers. Job spans link to the request that inserted them:
-// the trace context travels in the job's metadata.
+// the jobs of workers. The request's trace context travels in the job's
+// metadata, and every attempt is traced in the request's trace.
 func NewClient(pool *database.Pool, workers *river.Workers, cfg Config) (*Client, error) {
 	if cfg.RescueAfter <= cfg.JobTimeout {
 		return nil, errors.New("outbox: RescueAfter must be longer than JobTimeout")
@@ -76,7 +76,7 @@ func NewClient(pool *database.Pool, workers *river.Workers, cfg Config) (*Client
 			EnableWorkSpanJobKindSuffix: true,
 			TracerProvider:              cfg.TracerProvider,
 			MeterProvider:               cfg.MeterProvider,
-		})},
+		}), newRequestTrace(cfg.TracerProvider)},
 		// Polling instead of LISTEN: no pooled connection is held for
 		// notifications, and it works behind PgBouncer in transaction mode.
 		// A new job waits up to FetchPollInterval to start, which a client

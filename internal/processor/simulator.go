@@ -43,6 +43,8 @@ type Simulator struct {
 	charges map[string]*record // succeeded charges by key, for refunds
 	effects map[string]int     // key -> times money moved
 	calls   int
+	waiting int // requests in their Latency, not yet processed
+	holding int // requests processed, their reply held or not yet sent
 }
 
 type record struct {
@@ -72,6 +74,21 @@ func (s *Simulator) Effects(key string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.effects[key]
+}
+
+// Waiting is how many requests are in their Latency: not processed yet.
+func (s *Simulator) Waiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiting
+}
+
+// Holding is how many requests have been processed and wait for their reply
+// to be sent (TimeoutRate's Hold).
+func (s *Simulator) Holding() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.holding
 }
 
 // Stats is what the simulator saw.
@@ -118,8 +135,13 @@ func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 	}
 	s.mu.Lock()
 	cfg := s.cfg
+	s.waiting++
 	s.mu.Unlock()
-	if !sleep(r.Context(), cfg.Latency) {
+	arrived := sleep(r.Context(), cfg.Latency)
+	s.mu.Lock()
+	s.waiting--
+	s.mu.Unlock()
+	if !arrived {
 		return
 	}
 
@@ -153,7 +175,14 @@ func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 		}
 		panic(http.ErrAbortHandler) // closes the connection without a reply
 	case hold:
-		if !sleep(r.Context(), cfg.Hold) {
+		s.mu.Lock()
+		s.holding++
+		s.mu.Unlock()
+		sent := sleep(r.Context(), cfg.Hold)
+		s.mu.Lock()
+		s.holding--
+		s.mu.Unlock()
+		if !sent {
 			return
 		}
 	}

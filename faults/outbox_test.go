@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/testdb"
+)
+
+// rig is the service binary with its outbox workers, calling a processor
+// simulator that the test can read and reconfigure.
+type rig struct {
+	t     *testing.T
+	admin *pgxpool.Pool
+	sim   *processor.Simulator
+	api   *apiProcess
+	c     *client
+}
+
+// newRig starts the API with a simulator configured by sim; the outbox's
+// timeouts are short so that a killed worker's job is rescued in seconds.
+func newRig(t *testing.T, sim processor.SimConfig) *rig {
+	t.Helper()
+	// The API's pool (6) and maintenance pool (2), the test's own (2), spare.
+	db := testdb.New(t, 12)
+	ctx := context.Background()
+	ac, err := pgxpool.ParseConfig(db.AdminURL)
+	require.NoError(t, err)
+	ac.MaxConns = 2
+	admin, err := pgxpool.NewWithConfig(ctx, ac)
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	var key auth.NewKey
+	require.NoError(t, pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) (err error) {
+		key, err = auth.CreateKey(ctx, tx, "outbox", []string{auth.ScopePaymentsWrite, auth.ScopePaymentsRead})
+		return err
+	}))
+
+	r := &rig{t: t, admin: admin, sim: processor.NewSimulator(sim)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: r.sim, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+
+	dir := t.TempDir()
+	bin, err := buildAPI(ctx, dir, testWriter{t})
+	require.NoError(t, err)
+	r.api, err = newAPI(bin, filepath.Join(dir, "api.log"), []string{
+		"PROCESSOR_URL=http://" + ln.Addr().String(),
+		"PROCESSOR_TIMEOUT=4s",
+		"OUTBOX_WORKERS=4",
+		"OUTBOX_JOB_TIMEOUT=5s",
+		"OUTBOX_RESCUE_AFTER=6s",
+		"OUTBOX_RETRY_BASE=50ms",
+		"OUTBOX_RETRY_MAX=500ms",
+		"OUTBOX_MAX_ATTEMPTS=25",
+		"METRICS_ADDR=127.0.0.1:0",
+		"DATABASE_URL=" + withUser(db.AdminURL, "payments_app"),
+		"MAINTENANCE_DATABASE_URL=" + withUser(db.AdminURL, "payments_maintenance"),
+		"MIGRATE_ON_START=false",
+		"DB_MAX_CONNS=6",
+		"LOG_LEVEL=warn",
+	})
+	require.NoError(t, err)
+	t.Cleanup(r.api.stop)
+	require.NoError(t, r.api.start(ctx))
+	r.c = &client{http: &http.Client{Timeout: 10 * time.Second}, base: r.api.URL, secret: key.Secret}
+	return r
+}
+
+// pay creates n payments, workers at a time, each retried with its key
+// until it is acknowledged, and returns their ids.
+func (r *rig) pay(n, workers int) []string {
+	r.t.Helper()
+	var mu sync.Mutex
+	var ids, refused []string
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				in := intent{key: uuid.NewString(), amount: int64(1000 + i*100)} // never ends in 02: none declined
+				for {
+					rep := r.c.send(context.Background(), in)
+					if rep.status == http.StatusCreated {
+						mu.Lock()
+						ids = append(ids, rep.id)
+						mu.Unlock()
+						break
+					}
+					if rep.final() {
+						mu.Lock()
+						refused = append(refused, fmt.Sprintf("payment %d: %s", i, rep.label()))
+						mu.Unlock()
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	require.Empty(r.t, refused)
+	return ids
+}
+
+// requireChargedOnce waits for every payment to settle and checks each was
+// charged by the processor exactly once and recorded as succeeded.
+func (r *rig) requireChargedOnce(ids []string, bound time.Duration) {
+	r.t.Helper()
+	ctx := context.Background()
+	require.NoError(r.t, waitSettled(ctx, r.admin, bound))
+	unsettled, twice, mismatch, err := processorChecks(ctx, r.admin, r.sim)
+	require.NoError(r.t, err)
+	require.Zero(r.t, unsettled, "payments still processing after %s", bound)
+	require.Zero(r.t, twice, "payments charged more than once")
+	require.Zero(r.t, mismatch, "payments whose status disagrees with the processor")
+	for _, id := range ids {
+		require.Equal(r.t, 1, r.sim.Effects(id), "payment %s", id)
+	}
+	var succeeded int
+	require.NoError(r.t, r.admin.QueryRow(ctx, `SELECT count(*) FROM payments WHERE status = 'succeeded'`).Scan(&succeeded))
+	require.Equal(r.t, len(ids), succeeded)
+}
+
+// Killed after the payments committed, while their charges were on the way
+// to the processor but not yet processed: nothing was charged, and after a
+// restart every payment is charged exactly once.
+func TestCrashBetweenCommitAndCharge(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, processor.SimConfig{Latency: 3 * time.Second})
+	ids := r.pay(8, 4)
+	require.Eventually(t, func() bool { return r.sim.Waiting() >= 4 }, 10*time.Second, 10*time.Millisecond,
+		"the workers never called the processor")
+	r.api.kill9()
+	for _, id := range ids {
+		require.Zero(t, r.sim.Effects(id), "charged before the crash: the test did not crash in between")
+	}
+	r.sim.SetConfig(processor.SimConfig{})
+	require.NoError(t, r.api.start(context.Background()))
+	r.requireChargedOnce(ids, 30*time.Second)
+}
+
+// Killed after the processor charged but before the answers were recorded:
+// after a restart the rescued jobs call again with the same keys, the
+// processor replays its answers without charging, and every payment is
+// recorded as succeeded, charged exactly once.
+func TestCrashBetweenChargeAndRecord(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, processor.SimConfig{TimeoutRate: 1, Hold: 3 * time.Second})
+	ids := r.pay(8, 4)
+	require.Eventually(t, func() bool { return r.sim.Holding() >= 4 }, 10*time.Second, 10*time.Millisecond,
+		"the processor never charged")
+	r.api.kill9()
+	var charged int
+	for _, id := range ids {
+		charged += r.sim.Effects(id)
+	}
+	require.Positive(t, charged, "nothing was charged before the crash: the test did not crash in between")
+	var recorded int
+	require.NoError(t, r.admin.QueryRow(context.Background(), `SELECT count(*) FROM payments WHERE status <> 'processing'`).Scan(&recorded))
+	require.Less(t, recorded, charged, "every charge was recorded before the crash: the test did not crash in between")
+	r.sim.SetConfig(processor.SimConfig{})
+	require.NoError(t, r.api.start(context.Background()))
+	r.requireChargedOnce(ids, 30*time.Second)
+}
+
+// A soak through a processor that fails 20% of calls and drops the reply of
+// 5% of the charges it makes: every payment ends succeeded, charged exactly
+// once, none left processing.
+func TestOutboxSoak(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, processor.SimConfig{ErrorRate: 0.2, DropRate: 0.05, Seed: 7})
+	start := time.Now()
+	ids := r.pay(1000, 8)
+	created := time.Since(start)
+	r.requireChargedOnce(ids, 60*time.Second)
+	st := r.sim.Stats()
+	t.Logf("1000 payments created in %s, all charged once and recorded %s after the first; the processor saw %d calls",
+		created.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), st.Calls)
+}
+
+// testWriter sends build output to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
