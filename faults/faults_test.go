@@ -18,6 +18,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // same key, replays, a key held by a vanished holder). .ci/run also runs
 // `go run ./faults`, which prints the figures.
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	// The API's pool (6) and maintenance pool (2), the suite's own (2), two
 	// sessions held by half-open holders until they time out, and spare.
 	db := testdb.New(t, 14)

@@ -218,6 +218,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if err != nil {
 		return err
 	}
+	if cfg.BenchmarkIdempotencyBypass && !httpapi.BenchmarkBypassAvailable {
+		return errors.New("BENCHMARK_IDEMPOTENCY_BYPASS=true needs a binary built with -tags benchmark (the load test builds one); production binaries have no bypass")
+	}
 	handler := httpapi.New(httpapi.Deps{
 		Logger:          log,
 		Pool:            pool,

@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
@@ -45,8 +44,10 @@ type Deps struct {
 	ServerTiming bool
 	// BenchmarkBypass mounts POST /benchmark/payments-without-idempotency:
 	// the same payment write with no key, claim or stored response, so the
-	// load test can measure idempotency's overhead side by side. Never
-	// enable it in production: it is a way to pay twice.
+	// load test can measure idempotency's overhead side by side. It is a way
+	// to pay twice, so its code is only in binaries built with -tags
+	// benchmark (BenchmarkBypassAvailable); New panics if it is asked for in
+	// another.
 	BenchmarkBypass bool
 }
 
@@ -77,8 +78,7 @@ func New(d Deps) http.Handler {
 		r.Mount("/refunds", a.refundRoutes())
 	})
 	if d.BenchmarkBypass {
-		r.With(authenticate(a.pool, a.log), requireScope(auth.ScopePaymentsWrite, a.log)).
-			Post("/benchmark/payments-without-idempotency", a.createPaymentWithoutIdempotency)
+		a.mountBenchmarkBypass(r)
 	}
 	return r
 }

@@ -45,35 +45,6 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// createPaymentWithoutIdempotency is createPayment minus the key: the
-// baseline the load test compares against (Deps.BenchmarkBypass).
-func (a *api) createPaymentWithoutIdempotency(w http.ResponseWriter, r *http.Request) {
-	var in payments.NewPayment
-	if _, err := decodeJSON(w, r, a.maxBodyBytes, &in); err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	if err := in.Validate(); err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	p, _ := auth.FromContext(r.Context())
-	var resp idempotency.Response
-	err := database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{}, func(tx pgx.Tx) error {
-		pay, err := payments.Create(r.Context(), tx, a.outbox, p.ID, in)
-		if err != nil {
-			return err
-		}
-		resp, err = renderJSON(http.StatusCreated, pay)
-		return err
-	})
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	writeResponse(w, resp)
-}
-
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 	id, err := pathID(r)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 )
 
 const paymentBody = `{"amount": 1000, "currency": "usd", "description": "order 42", "metadata": {"order": "42"}}`
@@ -365,25 +367,18 @@ func TestLogsHoldNoSecrets(t *testing.T) {
 	}
 }
 
-// The load test's baseline route exists only when explicitly enabled.
-func TestBenchmarkBypassIsOffByDefault(t *testing.T) {
+// The load test's baseline route pays without a key: a production build (as
+// the tests are) has no such code, and refuses to be asked for it. The load
+// test's smoke test exercises the route in a binary built with -tags benchmark.
+func TestBenchmarkBypassIsNotInProductionBuilds(t *testing.T) {
 	t.Parallel()
-	// One service per subtest: a test holds one database (testdb.New).
-	t.Run("off by default", func(t *testing.T) {
-		b := setup(t)
-		k := b.newKey(t, "acme", allScopes...)
-		r := b.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
-		requireProblem(t, r, http.StatusNotFound, "not-found")
-		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
-	})
-	t.Run("on", func(t *testing.T) {
-		on := setup(t, func(o *options) { o.benchmarkBypass = true })
-		k := on.newKey(t, "acme", allScopes...)
-		r := on.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
-		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
-		require.Equal(t, 1, on.count(t, `SELECT count(*) FROM payments`))
-		require.Equal(t, 0, on.count(t, `SELECT count(*) FROM idempotency_keys`))
-	})
+	require.False(t, httpapi.BenchmarkBypassAvailable)
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	r := b.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
+	requireProblem(t, r, http.StatusNotFound, "not-found")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
+	require.Panics(t, func() { httpapi.New(httpapi.Deps{BenchmarkBypass: true}) })
 }
 
 // The fingerprint distinguishes exactly what the handler distinguishes: a

@@ -43,17 +43,16 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 // options tune the service a test runs against.
 type options struct {
-	maxConns        int32
-	acquireTimeout  time.Duration
-	lockTimeout     time.Duration
-	maxBodyBytes    int64
-	maxStored       int   // MaxStoredResponseBytes
-	keyQuota        int64 // 0: no quota
-	serverTiming    bool
-	benchmarkBypass bool
-	databaseURL     string // overrides the test database's service-role URL
-	requestTimeout  time.Duration
-	idleInTx        time.Duration // the pool's IdleInTxTimeout
+	maxConns       int32
+	acquireTimeout time.Duration
+	lockTimeout    time.Duration
+	maxBodyBytes   int64
+	maxStored      int   // MaxStoredResponseBytes
+	keyQuota       int64 // 0: no quota
+	serverTiming   bool
+	databaseURL    string // overrides the test database's service-role URL
+	requestTimeout time.Duration
+	idleInTx       time.Duration // the pool's IdleInTxTimeout
 	// faultProxy puts a faultproxy.Proxy between the service pool and the
 	// database, as testBundle.proxy.
 	faultProxy bool
@@ -164,17 +163,16 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 
 	log := slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := httpapi.New(httpapi.Deps{
-		Logger:          log,
-		Pool:            pool,
-		Idempotency:     executor,
-		Outbox:          jobs,
-		TracerProvider:  tp,
-		MeterProvider:   mp,
-		Propagator:      propagation.TraceContext{},
-		ServerTiming:    o.serverTiming,
-		BenchmarkBypass: o.benchmarkBypass,
-		MaxBodyBytes:    o.maxBodyBytes,
-		RequestTimeout:  o.requestTimeout,
+		Logger:         log,
+		Pool:           pool,
+		Idempotency:    executor,
+		Outbox:         jobs,
+		TracerProvider: tp,
+		MeterProvider:  mp,
+		Propagator:     propagation.TraceContext{},
+		ServerTiming:   o.serverTiming,
+		MaxBodyBytes:   o.maxBodyBytes,
+		RequestTimeout: o.requestTimeout,
 	})
 	b.handler = h
 	b.srv = httptest.NewServer(h)

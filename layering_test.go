@@ -1,0 +1,73 @@
+package idempotentpayments_test
+
+import (
+	"bufio"
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/payments-reference/idempotent-payments"
+
+// imports lists, for every package of the module, the packages it imports
+// directly (tests excluded), with go list.
+func imports(t *testing.T, patterns ...string) map[string][]string {
+	t.Helper()
+	args := append([]string{"list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`}, patterns...)
+	out, err := exec.Command("go", args...).Output()
+	require.NoError(t, err)
+	m := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		m[strings.TrimPrefix(f[0], module+"/")] = f[1:]
+	}
+	return m
+}
+
+// The dependency rules of docs/external-effects.md ("Layering"): handlers
+// parse and render and never reach the processor or the queue; domain
+// packages never reach HTTP handling; the processor boundary depends on
+// nothing of ours; nothing imports a command or a test helper.
+func TestImportRules(t *testing.T) {
+	t.Parallel()
+	all := imports(t, module+"/...")
+	forbidden := map[string][]string{
+		"internal/httpapi":     {module + "/internal/processor", "github.com/riverqueue/"},
+		"internal/payments":    {module + "/internal/httpapi", "net/http"},
+		"internal/refunds":     {module + "/internal/httpapi", "net/http"},
+		"internal/idempotency": {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", "net/http"},
+		"internal/outbox":      {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", module + "/internal/processor"},
+		"internal/processor":   {module + "/internal/"},
+		"internal/database":    {module + "/internal/"},
+	}
+	for pkg, imps := range all {
+		for _, imp := range imps {
+			for _, bad := range forbidden[pkg] {
+				require.False(t, strings.HasPrefix(imp, bad), "%s must not import %s", pkg, imp)
+			}
+			if strings.HasPrefix(pkg, "internal/") {
+				for _, bad := range []string{module + "/cmd/", module + "/loadtest", module + "/faults"} {
+					require.False(t, strings.HasPrefix(imp, bad), "%s must not import %s", pkg, imp)
+				}
+			}
+		}
+	}
+	require.Contains(t, all, "internal/httpapi", "go list saw the packages")
+}
+
+// The production binary carries no test helper, fault injector or
+// benchmark-only code.
+func TestProductionBinaryDependencies(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", module+"/cmd/api").Output()
+	require.NoError(t, err)
+	deps := string(out)
+	require.Contains(t, deps, module+"/internal/httpapi\n")
+	for _, bad := range []string{module + "/internal/testdb", module + "/internal/faultproxy", "github.com/stretchr/testify", "github.com/testcontainers/"} {
+		require.NotContains(t, deps, bad)
+	}
+}
