@@ -52,4 +52,3 @@ func (a *api) createPaymentWithoutIdempotency(w http.ResponseWriter, r *http.Req
 	}
 	writeResponse(w, resp)
 }
-
