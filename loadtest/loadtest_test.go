@@ -52,6 +52,7 @@ func TestSmoke(t *testing.T) {
 		require.Positive(t, s.Requests)
 		require.Positive(t, s.RequestP99)
 		require.Positive(t, s.ClaimP99, "Server-Timing was read")
+		require.Positive(t, s.OutboxCompletedPerSec, "the outbox workers charged payments")
 		require.Empty(t, s.Errors)
 	}
 	require.Positive(t, res.BaselineRPS)
@@ -65,12 +66,12 @@ func TestSmoke(t *testing.T) {
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
 	for _, k := range []string{"stages", "baseline_rps", "idempotent_rps", "overhead_ratio", "pgbench_tps", "service_to_pgbench_ratio",
-		"machine", "go_version", "postgres_version", "postgres_settings"} {
+		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds"} {
 		require.Contains(t, fields, k)
 	}
 	stage := fields["stages"].([]any)[0].(map[string]any)
 	for _, k := range []string{"table_rows", "table_bytes", "index_bytes", "rps", "request_p50_ms", "request_p99_ms",
-		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors"} {
+		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds"} {
 		require.Contains(t, stage, k)
 	}
 	for _, f := range []string{"report.md", "claim_p99.png"} {

@@ -64,6 +64,12 @@ func report(res *Results) string {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "\nNote: %s\n", n)
 	}
+	b.WriteString("\n## The outbox\n\nEvery payment inserts a charge job in its transaction; the service's workers call the processor (the in-process simulator, no latency) and record the answer.\n\n")
+	b.WriteString("| table rows | payments/s | charges completed/s | jobs not done at stage end | oldest waiting job |\n|---:|---:|---:|---:|---:|\n")
+	for _, s := range res.Stages {
+		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %.2f s |\n", humanCount(s.TableRows), s.RPS, s.OutboxCompletedPerSec, s.OutboxBacklog, s.OutboxLagSeconds)
+	}
+	fmt.Fprintf(&b, "\nThe outbox was empty %.1f s after the last stage. The cost of the job insert inside the payment's transaction is measured by `go test -bench Outbox ./internal/payments` (docs/external-effects.md).\n", res.OutboxDrainSeconds)
 	b.WriteString("\n## PostgreSQL settings\n\n")
 	for _, k := range sortedKeys(res.PostgresSettings) {
 		fmt.Fprintf(&b, "- `%s` = %s\n", k, res.PostgresSettings[k])

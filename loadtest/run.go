@@ -38,6 +38,11 @@ type Stage struct {
 	ReplayP99     float64        `json:"replay_p99_ms"`
 	Replays       int            `json:"replays"`
 	Errors        map[string]int `json:"errors"`
+	// The outbox during the measured run: charge jobs completed per second,
+	// and at its end, the jobs not yet completed and the oldest one's wait.
+	OutboxCompletedPerSec float64 `json:"outbox_completed_per_sec"`
+	OutboxBacklog         int64   `json:"outbox_backlog"`
+	OutboxLagSeconds      float64 `json:"outbox_lag_seconds"`
 }
 
 // Results is results.json.
@@ -56,6 +61,9 @@ type Results struct {
 	Settings              map[string]string `json:"settings"`
 	StartedAt             time.Time         `json:"started_at"`
 	Notes                 []string          `json:"notes"`
+	// OutboxDrainSeconds is how long the outbox took, after the last stage,
+	// to complete every job the run inserted.
+	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
 }
 
 // run performs a whole load test and writes its outputs.
@@ -92,7 +100,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	defer admin.Close()
 	// Stages must start from the sizes they claim: the load test owns this
 	// database and empties it first.
-	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage`); err != nil {
+	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage, river_job`); err != nil {
 		return nil, fmt.Errorf("empty the tables: %w", err)
 	}
 	if err := describeDatabase(ctx, admin, res); err != nil {
@@ -128,9 +136,16 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&startRows); err != nil {
 			return nil, err
 		}
+		completedBefore, err := outboxCompleted(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
 		m := driver.run(ctx, "/v1/payments", cfg.duration, progress, label)
 		st, err := tableStats(ctx, admin)
 		if err != nil {
+			return nil, err
+		}
+		if err := outboxStats(ctx, admin, &st, completedBefore, cfg.duration); err != nil {
 			return nil, err
 		}
 		// The stage's size is the table's size when the measured run began
@@ -174,10 +189,54 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			}
 		}
 	}
+	drainStart := time.Now()
+	if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
+		return nil, err
+	}
+	res.OutboxDrainSeconds = time.Since(drainStart).Seconds()
+	fmt.Fprintf(progress, "outbox drained %.1f s after the last stage\n", res.OutboxDrainSeconds)
 	if err := writeOutputs(cfg.out, res); err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// outboxCompleted counts completed outbox jobs.
+func outboxCompleted(ctx context.Context, admin *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&n)
+	return n, err
+}
+
+// outboxStats fills a stage's outbox figures at its end.
+func outboxStats(ctx context.Context, admin *pgxpool.Pool, st *Stage, completedBefore int64, d time.Duration) error {
+	completed, err := outboxCompleted(ctx, admin)
+	if err != nil {
+		return err
+	}
+	st.OutboxCompletedPerSec = float64(completed-completedBefore) / d.Seconds()
+	return admin.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE state NOT IN ('completed', 'discarded', 'cancelled')),
+		       coalesce(extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available')), 0)::float8
+		FROM river_job`).Scan(&st.OutboxBacklog, &st.OutboxLagSeconds)
+}
+
+// outboxDrain waits until every outbox job has finished, or bound passes.
+func outboxDrain(ctx context.Context, admin *pgxpool.Pool, bound time.Duration) error {
+	deadline := time.Now().Add(bound)
+	for {
+		var left int64
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'discarded', 'cancelled')`).Scan(&left); err != nil {
+			return err
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the outbox still holds %d jobs %s after the last stage", left, bound)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // requireLoopback refuses any target that is not on this machine.
