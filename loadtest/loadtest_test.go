@@ -59,13 +59,15 @@ func TestSmoke(t *testing.T) {
 	require.Positive(t, res.OverheadRatio)
 	if res.PgbenchTPS == 0 {
 		require.NotEmpty(t, res.Notes, "pgbench skipped without saying why")
+	} else {
+		require.Positive(t, res.PgbenchWithoutJobTPS)
 	}
 
 	raw, err := os.ReadFile(filepath.Join(out, "results.json"))
 	require.NoError(t, err)
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
-	for _, k := range []string{"stages", "baseline_rps", "idempotent_rps", "overhead_ratio", "pgbench_tps", "service_to_pgbench_ratio",
+	for _, k := range []string{"stages", "baseline_rps", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
 		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds"} {
 		require.Contains(t, fields, k)
 	}

@@ -32,12 +32,27 @@ UPDATE idempotency_keys SET state = 'completed', response_status = 201, response
 END;
 `
 
+// pgbenchJobInsert is the outbox job a payment inserts in its transaction,
+// written the way River's InsertTx writes it (one row into river_job). The
+// queue is one no worker serves, so pgbench's jobs are written, not worked.
+const pgbenchJobInsert = `INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags) VALUES (('{"payment_id": "' || gen_random_uuid() || '", "principal_id": "{{PRINCIPAL}}"}')::jsonb, 'charge_payment', 15, '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'::jsonb, 1, 'pgbench_unworked', now(), 'available', '{}');
+`
+
 var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
 
 // runPgbench runs the service's SQL with pgbench as the service role and
-// returns its throughput. When pgbench is not installed it returns a note
-// instead of failing the run.
-func runPgbench(ctx context.Context, cfg config, clients []client, progress io.Writer) (float64, string, error) {
+// returns its throughput, without and with the outbox job's insert. When
+// pgbench is not installed it returns a note instead of failing the run.
+func runPgbench(ctx context.Context, cfg config, clients []client, progress io.Writer) (withoutJob, withJob float64, note string, err error) {
+	withoutJob, note, err = runPgbenchScript(ctx, cfg, clients, progress, pgbenchScript, "the service's SQL without the outbox job")
+	if err != nil || note != "" {
+		return 0, 0, note, err
+	}
+	withJob, _, err = runPgbenchScript(ctx, cfg, clients, progress, strings.Replace(pgbenchScript, "END;\n", pgbenchJobInsert+"END;\n", 1), "the service's SQL with the outbox job")
+	return withoutJob, withJob, "", err
+}
+
+func runPgbenchScript(ctx context.Context, cfg config, clients []client, progress io.Writer, pgbenchScript, what string) (float64, string, error) {
 	bin, err := exec.LookPath("pgbench")
 	if err != nil {
 		return 0, "pgbench is not installed: service_to_pgbench_ratio not measured", nil
@@ -66,7 +81,7 @@ func runPgbench(ctx context.Context, cfg config, clients []client, progress io.W
 	if err != nil {
 		return 0, "", err
 	}
-	fmt.Fprintf(progress, "pgbench: %d clients for %s with the service's SQL\n", cfg.concurrency, cfg.pgbenchDuration)
+	fmt.Fprintf(progress, "pgbench: %d clients for %s, %s\n", cfg.concurrency, cfg.pgbenchDuration, what)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "PGHOST="+pc.Host, "PGPORT="+strconv.Itoa(int(pc.Port)), "PGUSER="+pc.User,
 		"PGDATABASE="+pc.Database, "PGPASSWORD="+pc.Password)
