@@ -179,6 +179,11 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			fmt.Fprintf(progress, "\rbaseline (no idempotency): %.0f req/s, p99 %.2f ms; idempotent/baseline = %.2f%20s\n", bs.RPS, bs.RequestP99, res.OverheadRatio, "")
 		}
 		if cfg.pgbench {
+			// pgbench measures the database alone: first let the outbox
+			// workers finish charging what the stages created.
+			if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
+				return nil, err
+			}
 			without, with, note, err := runPgbench(ctx, cfg, clients, progress)
 			if err != nil {
 				return nil, err
