@@ -255,3 +255,51 @@ func TestChargeIsTracedInTheRequestsTrace(t *testing.T) {
 	require.NotNil(t, call, "no processor call under the job's span")
 	require.Contains(t, attr(call, "url.full"), "/v1/charges")
 }
+
+// The outbox reports its jobs by kind and state and its lag, and every
+// processor call's latency by operation and outcome.
+func TestOutboxMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	b.createPayment(t, k.Secret, 1000)
+	// The simulator declines amounts ending in 02.
+	r := b.post(t, "/v1/payments", k.Secret, "declined", `{"amount": 1002, "currency": "usd"}`)
+	require.Equal(t, http.StatusCreated, r.Status)
+	declined := b.settled(t, "/v1/payments/"+decode(t, r.Body)["id"].(string), k.Secret)
+	require.Equal(t, "failed", declined["status"])
+	require.Equal(t, "card_declined", declined["failure_reason"])
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, b.metrics.Collect(context.Background(), &rm))
+	jobs := map[string]int64{}
+	calls := map[string]uint64{}
+	lag := false
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					if m.Name == "outbox_jobs" {
+						kind, _ := p.Attributes.Value("kind")
+						state, _ := p.Attributes.Value("state")
+						jobs[kind.AsString()+" "+state.AsString()] += p.Value
+					}
+				}
+			case metricdata.Gauge[float64]:
+				lag = lag || m.Name == "outbox_oldest_available_job_age_seconds"
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					if m.Name == "processor_call_duration_seconds" {
+						op, _ := p.Attributes.Value("operation")
+						outcome, _ := p.Attributes.Value("outcome")
+						calls[op.AsString()+" "+outcome.AsString()] += p.Count
+					}
+				}
+			}
+		}
+	}
+	require.Equal(t, int64(2), jobs["charge_payment completed"], "%v", jobs)
+	require.True(t, lag, "no lag gauge")
+	require.Equal(t, map[string]uint64{"charge succeeded": 1, "charge declined": 1}, calls)
+}

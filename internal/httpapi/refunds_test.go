@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
@@ -210,4 +211,56 @@ func TestInvalidRefunds(t *testing.T) {
 	requireProblem(t, b.post(t, "/v1/payments/not-a-uuid/refunds", k.Secret, "k", `{}`), http.StatusNotFound, "not-found")
 	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "", `{}`), http.StatusBadRequest, "idempotency-key-missing")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys`), "only the payment's key")
+}
+
+// A refund is pending until the processor answers. One the processor
+// refuses ends failed, and gives its amount back to the payment.
+func TestRefundTheProcessorRefusesGivesItsAmountBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	// A payment the processor never charged (as if recorded by hand), so the
+	// processor refuses to refund it.
+	id := uuid.Must(uuid.NewV7())
+	_, err := b.admin.Exec(context.Background(), `
+		INSERT INTO payments (id, principal_id, amount, currency, status, created_at) VALUES ($1, $2, 1000, 'eur', 'succeeded', now())`,
+		id, k.PrincipalID)
+	require.NoError(t, err)
+
+	r := b.post(t, "/v1/payments/"+id.String()+"/refunds", k.Secret, "refund", `{"amount": 400}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	refund := decode(t, r.Body)
+	require.Equal(t, "pending", refund["status"])
+	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+id.String(), k.Secret).Body)["amount_refunded"], "a pending refund counts")
+
+	got := b.settled(t, "/v1/refunds/"+refund["id"].(string), k.Secret)
+	require.Equal(t, "failed", got["status"])
+	require.Equal(t, "processor_rejected", got["failure_reason"])
+	require.EqualValues(t, 0, decode(t, b.get(t, "/v1/payments/"+id.String(), k.Secret).Body)["amount_refunded"], "given back")
+	require.Zero(t, b.sim.Effects(refund["id"].(string)))
+}
+
+// A refund of a payment that is still being charged is refused for now (409,
+// nothing recorded); one of a payment that failed is a stored 422.
+func TestRefundOfAnUnchargedPayment(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.noWorkers = true })
+	k := b.newKey(t, "acme", allScopes...)
+	r := b.post(t, "/v1/payments", k.Secret, "pay", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status)
+	id := decode(t, r.Body)["id"].(string)
+
+	processing := b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	requireProblem(t, processing, http.StatusConflict, "payment-processing")
+	require.Equal(t, "1", processing.Header.Get("Retry-After"))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM refunds`))
+
+	_, err := b.admin.Exec(context.Background(), `UPDATE payments SET status = 'failed', failure_reason = 'card_declined' WHERE id = $1`, id)
+	require.NoError(t, err)
+	failed := b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	requireProblem(t, failed, http.StatusUnprocessableEntity, "payment-not-refundable")
+	replay := b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	require.Equal(t, "true", replay.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, failed.Body, replay.Body)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM refunds`))
 }

@@ -131,11 +131,13 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	}
 
 	require.NoError(t, idempotency.RegisterStoreMetrics(mp, maint, 0))
+	require.NoError(t, outbox.RegisterMetrics(mp, maint, 0))
 	b.sim = processor.NewSimulator(processor.SimConfig{})
 	simSrv := httptest.NewServer(b.sim)
 	t.Cleanup(simSrv.Close)
-	proc := processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second,
-		Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))})
+	proc, err := processor.Measured(processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second,
+		Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))}), mp)
+	require.NoError(t, err)
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
 	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
