@@ -66,6 +66,9 @@ type Sweeper struct {
 	lastRun atomic.Int64 // unix seconds of the last completed sweep
 	// OnSweep, when set, is called after every sweep that ran.
 	OnSweep func(deleted int64)
+	// OnChunk, when set, is called after every chunk with the rows it
+	// deleted and how long its statement (and so its row locks) took.
+	OnChunk func(deleted int64, took time.Duration)
 }
 
 // NewSweeper returns a sweeper on pool, which must connect as the
@@ -129,9 +132,13 @@ func (s *Sweeper) Sweep(ctx context.Context) (int64, error) {
 
 	var total int64
 	for {
+		start := time.Now()
 		tag, err := conn.Exec(ctx, sweepChunkSQL, s.cfg.Chunk)
 		if err != nil {
 			return total, fmt.Errorf("sweep chunk: %w", database.Classify(err))
+		}
+		if s.OnChunk != nil {
+			s.OnChunk(tag.RowsAffected(), time.Since(start))
 		}
 		total += tag.RowsAffected()
 		s.deleted.Add(ctx, tag.RowsAffected())
