@@ -37,7 +37,7 @@ type Env struct {
 
 // Outcome is one scenario's two results, in words and as verdicts.
 type Outcome struct {
-	Naive, Ours         string
+	Naive, Ours          string
 	NaiveBroke, OursHeld bool
 }
 
