@@ -28,7 +28,7 @@ func TestComposeFile(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, yaml.Unmarshal(raw, &compose))
 
-	for _, name := range []string{"postgres", "api", "jaeger", "prometheus", "grafana"} {
+	for _, name := range []string{"postgres", "api", "redis", "jaeger", "prometheus", "grafana"} {
 		require.Contains(t, compose.Services, name)
 	}
 	for name, s := range compose.Services {
