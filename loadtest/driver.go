@@ -25,8 +25,15 @@ type driver struct {
 	http    *http.Client
 
 	mu   sync.Mutex
-	used []sent // completed requests that a later one may retry
+	used map[string][]sent // by path: completed requests that a later one may retry
 }
+
+// idempotentPaths are the paths that take an Idempotency-Key and replay:
+// this service's, and the load test's Redis-claim peer.
+var idempotentPaths = map[string]bool{"/v1/payments": true, redisPeerPath: true}
+
+// redisPeerPath is the peer design's route (BENCHMARK_REDIS_PEER).
+const redisPeerPath = "/benchmark/payments-redis-claim"
 
 type sent struct {
 	client int
@@ -36,7 +43,7 @@ type sent struct {
 
 func newDriver(base string, cfg config, clients []client) *driver {
 	tr := &http.Transport{MaxIdleConns: 4 * cfg.concurrency, MaxIdleConnsPerHost: 4 * cfg.concurrency, IdleConnTimeout: time.Minute}
-	return &driver{base: base, cfg: cfg, clients: clients, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+	return &driver{base: base, cfg: cfg, clients: clients, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, used: map[string][]sent{}}
 }
 
 // sample is one request's outcome.
@@ -57,7 +64,7 @@ type measurement struct {
 func (dr *driver) run(ctx context.Context, path string, d time.Duration, progress io.Writer, label string) measurement {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	replays := path == "/v1/payments" && dr.cfg.replayFraction > 0
+	replays := idempotentPaths[path] && dr.cfg.replayFraction > 0
 
 	// Open loop: a ticker hands out intended start times, and latency counts
 	// from them, so a slow server cannot hide its queueing (no coordinated
@@ -152,8 +159,8 @@ func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays 
 	replay := false
 	if replays && rng.Float64() < dr.cfg.replayFraction {
 		dr.mu.Lock()
-		if len(dr.used) > 0 {
-			req, replay = dr.used[rng.IntN(len(dr.used))], true
+		if used := dr.used[path]; len(used) > 0 {
+			req, replay = used[rng.IntN(len(used))], true
 		}
 		dr.mu.Unlock()
 	}
@@ -170,7 +177,7 @@ func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays 
 	}
 	hr.Header.Set("Authorization", "Bearer "+dr.clients[req.client].secret)
 	hr.Header.Set("Content-Type", "application/json")
-	if path == "/v1/payments" {
+	if idempotentPaths[path] {
 		hr.Header.Set("Idempotency-Key", req.key)
 	}
 	resp, err := dr.http.Do(hr)
@@ -180,12 +187,12 @@ func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays 
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	s := sample{latency: time.Since(intended), status: resp.StatusCode, replay: replay, claim: serverTimingClaim(resp.Header.Get("Server-Timing"))}
-	if !replay && resp.StatusCode == http.StatusCreated && path == "/v1/payments" {
+	if !replay && resp.StatusCode == http.StatusCreated && idempotentPaths[path] {
 		dr.mu.Lock()
-		if len(dr.used) < 100_000 {
-			dr.used = append(dr.used, req)
+		if used := dr.used[path]; len(used) < 100_000 {
+			dr.used[path] = append(used, req)
 		} else {
-			dr.used[rng.IntN(len(dr.used))] = req
+			used[rng.IntN(len(used))] = req
 		}
 		dr.mu.Unlock()
 	}

@@ -56,6 +56,7 @@ func TestSmoke(t *testing.T) {
 		require.Empty(t, s.Errors)
 	}
 	require.Positive(t, res.BaselineRPS)
+	require.Positive(t, res.PeerRPS, "the Redis-claim peer ran")
 	require.Positive(t, res.OverheadRatio)
 	if res.PgbenchTPS == 0 {
 		require.NotEmpty(t, res.Notes, "pgbench skipped without saying why")
@@ -67,7 +68,7 @@ func TestSmoke(t *testing.T) {
 	require.NoError(t, err)
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
-	for _, k := range []string{"stages", "baseline_rps", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
+	for _, k := range []string{"stages", "baseline_rps", "peer_redis_claim_rps", "ours_to_peer_ratio", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
 		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds"} {
 		require.Contains(t, fields, k)
 	}

@@ -55,6 +55,7 @@ type config struct {
 	maintenanceURL  string // derived from databaseURL when empty
 	apiURL          string // target this API instead of starting one
 	baseline        bool
+	redisPeer       string // Redis for the peer design; "" skips it
 	pgbench         bool
 	pgbenchDuration time.Duration
 	responseBytes   int    // size of the bulk-loaded rows' stored responses
@@ -83,6 +84,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.maintenanceURL, "maintenance-database-url", "", "maintenance-role URL for the API it starts (default: -database-url as payments_maintenance)")
 	fs.StringVar(&c.apiURL, "api-url", "", "target an API already running (loopback only; start it with SERVER_TIMING=true and, for the baseline, BENCHMARK_IDEMPOTENCY_BYPASS=true)")
 	fs.BoolVar(&c.baseline, "baseline", true, "also measure the same write without idempotency")
+	fs.StringVar(&c.redisPeer, "redis-peer", "127.0.0.1:6379", "also measure the peer design, keys claimed in this Redis (loopback only; \"\" skips it)")
 	fs.BoolVar(&c.pgbench, "pgbench", true, "also run pgbench with the service's SQL, if pgbench is installed")
 	fs.DurationVar(&c.pgbenchDuration, "pgbench-duration", 0, "pgbench run length (default: -duration)")
 	fs.IntVar(&c.responseBytes, "response-bytes", 250, "stored response size of bulk-loaded rows")

@@ -58,6 +58,9 @@ func report(res *Results) string {
 	if res.BaselineRPS > 0 {
 		fmt.Fprintf(&b, "| same payment without idempotency | %.0f | idempotent/baseline = **%.2f** |\n", res.BaselineRPS, res.OverheadRatio)
 	}
+	if res.PeerRPS > 0 {
+		fmt.Fprintf(&b, "| peer: the same payment, key claimed in Redis | %.0f | ours/peer = **%.2f** (what it buys: docs/lab.md rows 3 and 5) |\n", res.PeerRPS, res.OursToPeer)
+	}
 	if res.PgbenchTPS > 0 {
 		fmt.Fprintf(&b, "| pgbench, the service's SQL | %.0f | service/pgbench = **%.2f** |\n", res.PgbenchTPS, res.ServiceToPgbenchRatio)
 		fmt.Fprintf(&b, "| pgbench, the same SQL without the outbox job | %.0f | with job/without = **%.2f** |\n", res.PgbenchWithoutJobTPS, res.PgbenchTPS/res.PgbenchWithoutJobTPS)

@@ -15,9 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 )
 
 // Stage is what one table size measured.
@@ -64,6 +66,11 @@ type Results struct {
 	Settings              map[string]string `json:"settings"`
 	StartedAt             time.Time         `json:"started_at"`
 	Notes                 []string          `json:"notes"`
+	// The peer design, the same payment with its key claimed in Redis (SET
+	// NX PX) outside the payment's transaction, in the same run.
+	PeerRPS    float64 `json:"peer_redis_claim_rps"`
+	PeerP99    float64 `json:"peer_redis_claim_request_p99_ms"`
+	OursToPeer float64 `json:"ours_to_peer_ratio"`
 	// OutboxDrainSeconds is how long the outbox took, after the last stage,
 	// to complete every job the run inserted.
 	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
@@ -78,6 +85,12 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err := requireLoopback(cfg.apiURL); err != nil {
 			return nil, fmt.Errorf("-api-url: %w", err)
 		}
+	}
+	if cfg.redisPeer != "" {
+		if err := requireLoopback("redis://" + cfg.redisPeer); err != nil {
+			return nil, fmt.Errorf("-redis-peer: %w", err)
+		}
+		defer removePeerKeys(cfg.redisPeer, progress)
 	}
 	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
 		return nil, err
@@ -177,6 +190,18 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			res.BaselineRPS, res.BaselineP99 = bs.RPS, bs.RequestP99
 			res.OverheadRatio = res.IdempotentRPS / res.BaselineRPS
 			fmt.Fprintf(progress, "\rbaseline (no idempotency): %.0f req/s, p99 %.2f ms; idempotent/baseline = %.2f%20s\n", bs.RPS, bs.RequestP99, res.OverheadRatio, "")
+		}
+		if cfg.redisPeer != "" {
+			driver.run(ctx, redisPeerPath, cfg.warmup, nil, "peer warm-up")
+			p := driver.run(ctx, redisPeerPath, cfg.duration, progress, "peer (claim in Redis)")
+			var ps Stage
+			p.fill(&ps, cfg.duration)
+			if ps.Requests == 0 || len(ps.Errors) > 0 {
+				return nil, fmt.Errorf("peer failed (%v): is Redis at %s? (-redis-peer \"\" skips the peer)", ps.Errors, cfg.redisPeer)
+			}
+			res.PeerRPS, res.PeerP99 = ps.RPS, ps.RequestP99
+			res.OursToPeer = res.IdempotentRPS / res.PeerRPS
+			fmt.Fprintf(progress, "\rpeer (claim in Redis): %.0f req/s, p99 %.2f ms; ours/peer = %.2f%20s\n", ps.RPS, ps.RequestP99, res.OursToPeer, "")
 		}
 		if cfg.pgbench {
 			// pgbench measures the database alone: first let the outbox
@@ -333,6 +358,7 @@ func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(),
 		"MIGRATE_ON_START=false",
 		"SERVER_TIMING=true",
 		"BENCHMARK_IDEMPOTENCY_BYPASS=true",
+		"BENCHMARK_REDIS_PEER="+cfg.redisPeer,
 		"LOG_LEVEL=warn",
 		fmt.Sprintf("DB_MAX_CONNS=%d", cfg.dbMaxConns),
 	)
@@ -411,3 +437,26 @@ func describeDatabase(ctx context.Context, admin *pgxpool.Pool, res *Results) er
 }
 
 var errNotReady = errors.New("api did not become ready")
+
+// removePeerKeys deletes the keys the peer design wrote to Redis in this
+// run, so a shared Redis is left as it was found.
+func removePeerKeys(addr string, progress io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	iter := rdb.Scan(ctx, 0, httpapi.RedisPeerKeyPrefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			_ = rdb.Unlink(ctx, batch...).Err()
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		_ = rdb.Unlink(ctx, batch...).Err()
+	}
+	if err := iter.Err(); err != nil {
+		fmt.Fprintln(progress, "remove the peer's Redis keys:", err)
+	}
+}

@@ -218,21 +218,22 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if err != nil {
 		return err
 	}
-	if cfg.BenchmarkIdempotencyBypass && !httpapi.BenchmarkBypassAvailable {
-		return errors.New("BENCHMARK_IDEMPOTENCY_BYPASS=true needs a binary built with -tags benchmark (the load test builds one); production binaries have no bypass")
+	if (cfg.BenchmarkIdempotencyBypass || cfg.BenchmarkRedisPeer != "") && !httpapi.BenchmarkBypassAvailable {
+		return errors.New("BENCHMARK_IDEMPOTENCY_BYPASS and BENCHMARK_REDIS_PEER need a binary built with -tags benchmark (the load test builds one); production binaries have neither")
 	}
 	handler := httpapi.New(httpapi.Deps{
-		Logger:          log,
-		Pool:            pool,
-		Idempotency:     executor,
-		Outbox:          jobs,
-		MaxBodyBytes:    cfg.MaxBodyBytes,
-		RequestTimeout:  cfg.RequestTimeout,
-		TracerProvider:  tel.TracerProvider,
-		MeterProvider:   tel.MeterProvider,
-		Propagator:      tel.Propagator,
-		ServerTiming:    cfg.ServerTiming,
-		BenchmarkBypass: cfg.BenchmarkIdempotencyBypass,
+		Logger:             log,
+		Pool:               pool,
+		Idempotency:        executor,
+		Outbox:             jobs,
+		MaxBodyBytes:       cfg.MaxBodyBytes,
+		RequestTimeout:     cfg.RequestTimeout,
+		TracerProvider:     tel.TracerProvider,
+		MeterProvider:      tel.MeterProvider,
+		Propagator:         tel.Propagator,
+		ServerTiming:       cfg.ServerTiming,
+		BenchmarkBypass:    cfg.BenchmarkIdempotencyBypass,
+		BenchmarkRedisPeer: cfg.BenchmarkRedisPeer,
 	})
 	if cfg.BenchmarkIdempotencyBypass {
 		log.Warn("BENCHMARK_IDEMPOTENCY_BYPASS is on: POST /benchmark/payments-without-idempotency writes payments with no idempotency protection; for load tests only")

@@ -109,6 +109,10 @@ type Config struct {
 	// write for the load test's baseline (BENCHMARK_IDEMPOTENCY_BYPASS).
 	// Off unless explicitly enabled; never in production.
 	BenchmarkIdempotencyBypass bool
+	// BenchmarkRedisPeer is the Redis the load test's peer design claims
+	// keys in (BENCHMARK_REDIS_PEER); empty mounts no peer route. Like the
+	// bypass, only in binaries built with -tags benchmark.
+	BenchmarkRedisPeer string
 	// LogLevel is debug, info, warn or error (LOG_LEVEL).
 	LogLevel slog.Level
 }
@@ -212,6 +216,7 @@ func Load(getenv func(string) string) (Config, error) {
 	boolean("SERVER_TIMING", &c.ServerTiming)
 	boolean("PPROF", &c.Pprof)
 	boolean("BENCHMARK_IDEMPOTENCY_BYPASS", &c.BenchmarkIdempotencyBypass)
+	str("BENCHMARK_REDIS_PEER", &c.BenchmarkRedisPeer)
 	str("DATABASE_URL", &c.DatabaseURL)
 	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
 	str("MAINTENANCE_DATABASE_URL", &c.MaintenanceDatabaseURL)

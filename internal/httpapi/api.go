@@ -49,7 +49,16 @@ type Deps struct {
 	// benchmark (BenchmarkBypassAvailable); New panics if it is asked for in
 	// another.
 	BenchmarkBypass bool
+	// BenchmarkRedisPeer, a Redis address, mounts POST
+	// /benchmark/payments-redis-claim: the payment with its key claimed in
+	// Redis instead of PostgreSQL, the load test's peer design. Like
+	// BenchmarkBypass it exists only in -tags benchmark builds.
+	BenchmarkRedisPeer string
 }
+
+// RedisPeerKeyPrefix begins every key the peer design (BenchmarkRedisPeer)
+// writes, so the load test can remove them after its run.
+const RedisPeerKeyPrefix = "payments-peer-claim:"
 
 type api struct {
 	log          *slog.Logger
@@ -79,6 +88,9 @@ func New(d Deps) http.Handler {
 	})
 	if d.BenchmarkBypass {
 		a.mountBenchmarkBypass(r)
+	}
+	if d.BenchmarkRedisPeer != "" {
+		a.mountRedisPeer(r, d.BenchmarkRedisPeer)
 	}
 	return r
 }

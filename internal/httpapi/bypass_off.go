@@ -12,3 +12,7 @@ const BenchmarkBypassAvailable = false
 func (a *api) mountBenchmarkBypass(chi.Router) {
 	panic("httpapi: Deps.BenchmarkBypass needs a binary built with -tags benchmark")
 }
+
+func (a *api) mountRedisPeer(chi.Router, string) {
+	panic("httpapi: Deps.BenchmarkRedisPeer needs a binary built with -tags benchmark")
+}
