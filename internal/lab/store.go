@@ -282,9 +282,13 @@ func (l *Lab) walBetween(ctx context.Context, from, to string) (float64, error) 
 // the stored response. Ours runs the real HTTP API, which authenticates
 // every request, replays included.
 func noReauthorization(ctx context.Context, l *Lab) (Outcome, error) {
-	var key auth.NewKey
+	var key, readOnly auth.NewKey
 	err := pgx.BeginFunc(ctx, l.admin, func(tx pgx.Tx) (err error) {
-		key, err = auth.CreateKey(ctx, tx, "lab-"+l.prefix, []string{auth.ScopePaymentsWrite})
+		if key, err = auth.CreateKey(ctx, tx, "lab-"+l.prefix, []string{auth.ScopePaymentsWrite}); err != nil {
+			return err
+		}
+		// A second key of the same principal that may only read.
+		readOnly, err = auth.CreateKey(ctx, tx, "lab-"+l.prefix, []string{auth.ScopePaymentsRead})
 		return err
 	})
 	if err != nil {
@@ -297,9 +301,9 @@ func noReauthorization(ctx context.Context, l *Lab) (Outcome, error) {
 	srv := httptest.NewServer(httpapi.New(httpapi.Deps{Pool: l.app, Idempotency: e, Outbox: l.jobs,
 		MaxBodyBytes: 1 << 20, RequestTimeout: 10 * time.Second, Logger: discardLogger()}))
 	defer srv.Close()
-	post := func() (int, error) {
+	post := func(secret string) (int, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/payments", strings.NewReader(`{"amount":1000,"currency":"usd"}`))
-		req.Header.Set("Authorization", "Bearer "+key.Secret)
+		req.Header.Set("Authorization", "Bearer "+secret)
 		req.Header.Set("Idempotency-Key", l.key("reauth"))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := srv.Client().Do(req)
@@ -309,7 +313,7 @@ func noReauthorization(ctx context.Context, l *Lab) (Outcome, error) {
 		resp.Body.Close()
 		return resp.StatusCode, nil
 	}
-	if status, err := post(); err != nil || status != http.StatusCreated {
+	if status, err := post(key.Secret); err != nil || status != http.StatusCreated {
 		return Outcome{}, fmt.Errorf("first payment: %d %v", status, err)
 	}
 	// The naive build's cache of responses by key, filled by that request.
@@ -318,14 +322,19 @@ func noReauthorization(ctx context.Context, l *Lab) (Outcome, error) {
 		return Outcome{}, err
 	}
 	naiveStatus := naiveCache[l.key("reauth")] // looked up before any authentication
-	ourStatus, err := post()
+	revoked, err := post(key.Secret)
+	if err != nil {
+		return Outcome{}, err
+	}
+	readOnlyStatus, err := post(readOnly.Secret)
 	if err != nil {
 		return Outcome{}, err
 	}
 	return Outcome{
-		Naive:      fmt.Sprintf("revoked key replayed: %d with the stored payment", naiveStatus),
-		Ours:       fmt.Sprintf("revoked key: %d, the stored response not shown", ourStatus),
-		NaiveBroke: naiveStatus == http.StatusCreated, OursHeld: ourStatus == http.StatusUnauthorized,
+		Naive:      fmt.Sprintf("revoked key and read-only key both replayed: %d with the stored payment", naiveStatus),
+		Ours:       fmt.Sprintf("revoked key: %d; read-only key: %d; the stored response not shown", revoked, readOnlyStatus),
+		NaiveBroke: naiveStatus == http.StatusCreated,
+		OursHeld:   revoked == http.StatusUnauthorized && readOnlyStatus == http.StatusForbidden,
 	}, nil
 }
 
