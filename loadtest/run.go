@@ -138,6 +138,12 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	}
 	load := newLoader(admin, clients, cfg.responseBytes)
 	driver := newDriver(apiURL, cfg, clients)
+	// Every measured run starts with the outbox empty, so no design pays for
+	// the charges of the warm-up or of the design measured before it.
+	warmUp := func(path, label string) error {
+		driver.run(ctx, path, cfg.warmup, nil, label)
+		return outboxDrain(ctx, admin, 5*time.Minute)
+	}
 
 	for i, size := range cfg.sizes {
 		label := fmt.Sprintf("stage %d/%d, %s rows", i+1, len(cfg.sizes), humanCount(size))
@@ -147,7 +153,9 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		}
 		loadSeconds := time.Since(start).Seconds()
 		fmt.Fprintf(progress, "\r%s: warming up%30s", label, "")
-		driver.run(ctx, "/v1/payments", cfg.warmup, nil, label+" warm-up")
+		if err := warmUp("/v1/payments", label+" warm-up"); err != nil {
+			return nil, err
+		}
 		var startRows int64
 		if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&startRows); err != nil {
 			return nil, err
@@ -180,7 +188,9 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		// idempotency, and the same SQL from pgbench.
 		res.IdempotentRPS = st.RPS
 		if cfg.baseline {
-			driver.run(ctx, "/benchmark/payments-without-idempotency", cfg.warmup, nil, "baseline warm-up")
+			if err := warmUp("/benchmark/payments-without-idempotency", "baseline warm-up"); err != nil {
+				return nil, err
+			}
 			b := driver.run(ctx, "/benchmark/payments-without-idempotency", cfg.duration, progress, "baseline (no idempotency)")
 			var bs Stage
 			b.fill(&bs, cfg.duration)
@@ -192,7 +202,9 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			fmt.Fprintf(progress, "\rbaseline (no idempotency): %.0f req/s, p99 %.2f ms; idempotent/baseline = %.2f%20s\n", bs.RPS, bs.RequestP99, res.OverheadRatio, "")
 		}
 		if cfg.redisPeer != "" {
-			driver.run(ctx, redisPeerPath, cfg.warmup, nil, "peer warm-up")
+			if err := warmUp(redisPeerPath, "peer warm-up"); err != nil {
+				return nil, err
+			}
 			p := driver.run(ctx, redisPeerPath, cfg.duration, progress, "peer (claim in Redis)")
 			var ps Stage
 			p.fill(&ps, cfg.duration)
