@@ -24,10 +24,14 @@ import (
 //     it when its outcome is stored); the first scan marks them killed, so
 //     later scans skip them, and vacuum removes them.
 //
-// reltuples is -1 for a table never analyzed; that reads as 0 here.
+// reltuples is -1 for a table never analyzed (a new one, before autovacuum's
+// first ANALYZE): then the rows are counted, up to 100,000, so the gauge is
+// never 0 for a table that has rows, and the count stays cheap.
 const storeStatsSQL = `
 SELECT
-    (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'idempotency_keys'::regclass),
+    (SELECT CASE WHEN reltuples >= 0 THEN reltuples::bigint
+                 ELSE (SELECT count(*) FROM (SELECT 1 FROM idempotency_keys LIMIT 100000) few) END
+     FROM pg_class WHERE oid = 'idempotency_keys'::regclass),
     pg_total_relation_size('idempotency_keys'::regclass),
     coalesce((SELECT extract(epoch FROM now() - created_at)::float8 FROM idempotency_keys
               WHERE expires_at > now() ORDER BY expires_at LIMIT 1), 0),
