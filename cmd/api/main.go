@@ -173,7 +173,12 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return err
 	}
 	if cfg.SweepInterval > 0 {
-		sweeper.OnSweep = func(deleted int64) { log.Info("swept expired idempotency keys", "deleted", deleted) }
+		// A sweep that found nothing to delete is the common case: not news.
+		sweeper.OnSweep = func(deleted int64) {
+			if deleted > 0 {
+				log.Info("swept expired idempotency keys", "deleted", deleted)
+			}
+		}
 		background.Go(func() {
 			sweeper.Run(bg, cfg.SweepInterval, func(err error) { log.Error("sweep failed", "error", err) })
 		})
@@ -263,7 +268,7 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return fmt.Errorf("listen: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down", "timeout", cfg.ShutdownTimeout)
+	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {

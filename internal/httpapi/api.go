@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -74,6 +75,8 @@ func New(d Deps) http.Handler {
 	a := &api{log: d.Logger, pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming}
 
 	r := chi.NewRouter()
+	// HEAD of every GET route answers like GET, without the body.
+	r.Use(middleware.GetHead)
 	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout))
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errMethodNotAllowed) })

@@ -122,3 +122,18 @@ func TestServesTheSpecAndItsReferencePage(t *testing.T) {
 	require.Equal(t, http.StatusOK, script.Status)
 	require.Greater(t, len(script.Body), 100_000)
 }
+
+// HEAD of a GET route answers like GET, without a body, instead of 405.
+func TestHeadAnswersLikeGet(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	r := b.post(t, "/v1/payments", k.Secret, "head", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status)
+	for _, path := range []string{"/healthz", "/openapi.yaml", "/v1/payments/" + decode(t, r.Body)["id"].(string)} {
+		h := b.do(t, call{method: http.MethodHead, path: path, secret: k.Secret, offSpec: true})
+		require.Equal(t, http.StatusOK, h.Status, path)
+		require.Empty(t, h.Body, path)
+		require.NotEmpty(t, h.Header.Get("Content-Type"), path)
+	}
+}

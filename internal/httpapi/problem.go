@@ -130,6 +130,19 @@ func (p Problem) withErrors(fe []validation.FieldError) Problem { p.Errors = fe;
 
 func (p Problem) retry(seconds int) Problem { p.retryAfter = seconds; return p }
 
+// forRead words a server-side problem for a request that changes nothing
+// (GET, HEAD, /readyz): there is no key to reuse, and nothing to have had an
+// effect.
+func (p Problem) forRead() Problem {
+	switch p.Type {
+	case ProblemTypeBase + ptUnavailable.slug:
+		p.Detail = "The service cannot reach its database right now. Retry after the indicated delay."
+	case ProblemTypeBase + ptInternal.slug:
+		p.Detail = "The request failed. Retry it."
+	}
+	return p
+}
+
 // render completes p for request r and encodes it.
 func (p Problem) render(r *http.Request) []byte {
 	p.Instance = r.URL.Path
@@ -145,6 +158,9 @@ func (p Problem) render(r *http.Request) []byte {
 // writeError answers r with the problem err maps to, logging server errors.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
 	p := problemFor(err)
+	if r.Method != http.MethodPost {
+		p = p.forRead()
+	}
 	if p.Status >= 500 {
 		log.ErrorContext(r.Context(), "request failed", "error", err, "status", p.Status)
 	}
