@@ -3,6 +3,7 @@
 //	api [serve]                                  run the HTTP API (the default)
 //	api migrate up                               apply pending migrations
 //	api keys create --principal NAME --scopes S  create an API key; prints one JSON line
+//	api keys list [--principal NAME]             list API keys, one JSON line each (never a secret)
 //	api keys revoke ID                           revoke an API key
 //	api sweep                                    delete expired keys once; prints one JSON line
 //	api processor-sim                            run the payment processor simulator on ADDR
@@ -62,6 +63,7 @@ const usage = `usage:
   api [serve]
   api migrate up
   api keys create --principal NAME --scopes payments:read,payments:write
+  api keys list [--principal NAME]
   api keys revoke ID
   api sweep
   api processor-sim`
@@ -412,6 +414,24 @@ func keys(ctx context.Context, cfg config.Config, args []string, stdout io.Write
 			return err
 		}
 		return json.NewEncoder(stdout).Encode(key)
+	case "list":
+		fs := flag.NewFlagSet("keys list", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		name := fs.String("principal", "", "only this principal's keys")
+		if err := fs.Parse(args[1:]); err != nil || fs.NArg() != 0 {
+			return errors.New(usage)
+		}
+		list, err := auth.ListKeys(ctx, conn, *name)
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(stdout)
+		for _, k := range list {
+			if err := enc.Encode(k); err != nil {
+				return err
+			}
+		}
+		return nil
 	case "revoke":
 		if len(args) != 2 {
 			return errors.New(usage)

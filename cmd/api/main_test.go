@@ -54,6 +54,28 @@ func TestKeysCreateAndRevoke(t *testing.T) {
 	require.NoError(t, run(ctx, []string{"keys", "revoke", key.ID}, getenv, &out))
 	require.Contains(t, out.String(), `"revoked":true`)
 
+	// keys list shows both keys, the revoked one as such, and no secret.
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "other", "--scopes", "payments:read"}, getenv, &out))
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"keys", "list", "--principal", "acme"}, getenv, &out))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 2)
+	var listed struct {
+		ID        string  `json:"id"`
+		Principal string  `json:"principal"`
+		RevokedAt *string `json:"revoked_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &listed))
+	require.Equal(t, key.ID, listed.ID)
+	require.Equal(t, "acme", listed.Principal)
+	require.NotNil(t, listed.RevokedAt)
+	require.NotContains(t, out.String(), "sk_")
+	require.NotContains(t, out.String(), "secret")
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"keys", "list"}, getenv, &out))
+	require.Equal(t, 3, strings.Count(out.String(), "\n"), "every principal's keys")
+
 	require.Error(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:everything"}, getenv, &out))
 	require.Error(t, run(ctx, []string{"keys", "revoke", "01a237a6-1ce6-7a98-be43-37d8ff4b5115"}, getenv, &out))
 }

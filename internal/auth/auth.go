@@ -55,6 +55,15 @@ type Principal struct {
 	Scopes []string
 }
 
+// MissingScopeError is ErrForbidden for one scope: the key is valid but
+// lacks Scope. Naming it tells the caller exactly which key to make.
+type MissingScopeError struct{ Scope string }
+
+func (e *MissingScopeError) Error() string { return "forbidden: missing scope " + e.Scope }
+
+// Is makes a MissingScopeError match ErrForbidden.
+func (e *MissingScopeError) Is(target error) bool { return target == ErrForbidden }
+
 // Can reports whether the principal's key holds scope.
 func (p Principal) Can(scope string) bool { return slices.Contains(p.Scopes, scope) }
 
@@ -161,6 +170,39 @@ func CreateKey(ctx context.Context, tx pgx.Tx, name string, scopes []string) (Ne
 		return NewKey{}, fmt.Errorf("insert api key: %w", err)
 	}
 	return k, nil
+}
+
+// KeyInfo is an API key as an operator sees it: never its secret, which is
+// not stored, nor its hash.
+type KeyInfo struct {
+	ID            uuid.UUID  `json:"id"`
+	PrincipalID   uuid.UUID  `json:"principal_id"`
+	PrincipalName string     `json:"principal"`
+	Scopes        []string   `json:"scopes"`
+	CreatedAt     time.Time  `json:"created_at"`
+	RevokedAt     *time.Time `json:"revoked_at"`
+}
+
+// ListKeys returns every API key, or those of the principal called name
+// when it is not empty, oldest first. It runs as the owner role.
+func ListKeys(ctx context.Context, db database.DBTX, name string) ([]KeyInfo, error) {
+	rows, err := db.Query(ctx, `
+		SELECT k.id, k.principal_id, p.name, k.scopes, k.created_at, k.revoked_at
+		FROM api_keys k JOIN principals p ON p.id = k.principal_id
+		WHERE $1 = '' OR p.name = $1
+		ORDER BY k.created_at, k.id`, name)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", database.Classify(err))
+	}
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (KeyInfo, error) {
+		var k KeyInfo
+		err := r.Scan(&k.ID, &k.PrincipalID, &k.PrincipalName, &k.Scopes, &k.CreatedAt, &k.RevokedAt)
+		return k, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", database.Classify(err))
+	}
+	return keys, nil
 }
 
 // RevokeKey revokes the key with the given id. Revoking twice is not an error.

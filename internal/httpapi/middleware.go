@@ -215,7 +215,7 @@ func requireScope(scope string, log *slog.Logger) func(http.Handler) http.Handle
 				return
 			}
 			if !p.Can(scope) {
-				writeError(w, r, log, auth.ErrForbidden)
+				writeError(w, r, log, &auth.MissingScopeError{Scope: scope})
 				return
 			}
 			next.ServeHTTP(w, r)

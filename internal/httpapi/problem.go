@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -80,6 +81,7 @@ var (
 // problemFor is the one place where errors become HTTP responses.
 func problemFor(err error) Problem {
 	var ve *validation.Error
+	var missing *auth.MissingScopeError
 	switch {
 	case errors.As(err, &ve):
 		return newProblem(ptValidation, "One or more fields are invalid.").withErrors(ve.Fields)
@@ -91,6 +93,8 @@ func problemFor(err error) Problem {
 		return newProblem(ptKeyInvalid, "Idempotency-Key must be 1-255 printable ASCII characters.")
 	case errors.Is(err, auth.ErrUnauthenticated):
 		return newProblem(ptUnauthenticated, "Send a valid, unrevoked API key as 'Authorization: Bearer <secret>'.")
+	case errors.As(err, &missing):
+		return newProblem(ptForbidden, fmt.Sprintf("The API key lacks the scope %q, which this operation requires. Create a key with it: api keys create --scopes %s.", missing.Scope, missing.Scope))
 	case errors.Is(err, auth.ErrForbidden):
 		return newProblem(ptForbidden, "The API key does not have the scope this operation requires.")
 	case errors.Is(err, payments.ErrNotFound), errors.Is(err, refunds.ErrNotFound), errors.Is(err, errNotFound):

@@ -187,7 +187,9 @@ func TestRefundReplayIsReauthorized(t *testing.T) {
 	pay := b.createPayment(t, writer.Secret, 1000)
 	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments/"+pay+"/refunds", writer.Secret, "r", `{"amount": 100}`).Status)
 
-	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", paymentsOnly.Secret, "r", `{"amount": 100}`), http.StatusForbidden, "forbidden")
+	forbidden := b.post(t, "/v1/payments/"+pay+"/refunds", paymentsOnly.Secret, "r", `{"amount": 100}`)
+	requireProblem(t, forbidden, http.StatusForbidden, "forbidden")
+	require.Contains(t, decode(t, forbidden.Body)["detail"], `"refunds:write"`, "the 403 names the missing scope")
 	_, err := b.admin.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, writer.ID)
 	require.NoError(t, err)
 	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", writer.Secret, "r", `{"amount": 100}`), http.StatusUnauthorized, "unauthenticated")
