@@ -22,6 +22,10 @@ func TestComposeFile(t *testing.T) {
 			Environment map[string]string `yaml:"environment"`
 			Ports       []string          `yaml:"ports"`
 			Volumes     []string          `yaml:"volumes"`
+			Restart     string            `yaml:"restart"`
+			Healthcheck struct {
+				Test []string `yaml:"test"`
+			} `yaml:"healthcheck"`
 		} `yaml:"services"`
 	}
 	raw, err := os.ReadFile("docker-compose.yml")
@@ -45,6 +49,16 @@ func TestComposeFile(t *testing.T) {
 			}
 		}
 	}
+	// Beside the local servers the README assumes, not on their ports.
+	require.NotContains(t, compose.Services["postgres"].Ports, "5432:5432")
+	require.NotContains(t, compose.Services["redis"].Ports, "6379:6379")
+	require.Contains(t, compose.Services["postgres"].Healthcheck.Test, "-h", "pg_isready over TCP")
+	require.Equal(t, []string{"CMD", "/api", "healthcheck"}, compose.Services["api"].Healthcheck.Test)
+	require.Equal(t, "unless-stopped", compose.Services["api"].Restart)
+	require.Contains(t, compose.Services["jaeger"].Ports, "4318:4318")
+	_, err = os.Stat(".dockerignore")
+	require.NoError(t, err)
+
 	api := compose.Services["api"].Environment
 	require.Equal(t, "http://jaeger:4318", api["OTEL_EXPORTER_OTLP_ENDPOINT"])
 	require.Equal(t, ":9090", api["METRICS_ADDR"])

@@ -7,6 +7,7 @@
 //	api keys revoke ID                           revoke an API key
 //	api sweep                                    delete expired keys once; prints one JSON line
 //	api processor-sim                            run the payment processor simulator on ADDR
+//	api healthcheck                              exit 0 if the API on ADDR answers /healthz (for container healthchecks)
 //
 // Settings come from environment variables; see internal/config and README.md.
 package main
@@ -62,11 +63,12 @@ func main() {
 const usage = `usage:
   api [serve]
   api migrate up
-  api keys create --principal NAME --scopes payments:read,payments:write
+  api keys create --principal NAME --scopes payments:read,payments:write,refunds:read,refunds:write
   api keys list [--principal NAME]
   api keys revoke ID
   api sweep
-  api processor-sim`
+  api processor-sim
+  api healthcheck`
 
 // run dispatches to a subcommand. It returns instead of exiting so that
 // deferred cleanups run and tests can call it.
@@ -100,6 +102,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return errors.New(usage)
 		}
 		return sweep(ctx, cfg, stdout)
+	case "healthcheck":
+		return healthcheck(ctx, cfg)
 	case "processor-sim":
 		if len(args) != 0 {
 			return errors.New(usage)
@@ -275,6 +279,33 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+// healthcheck asks the API on ADDR for /healthz, for a container's
+// healthcheck in an image that has no curl.
+func healthcheck(ctx context.Context, cfg config.Config) error {
+	host, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("ADDR %q: %w", cfg.Addr, err)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("healthz: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthz: status %d", resp.StatusCode)
 	}
 	return nil
 }

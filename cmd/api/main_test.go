@@ -133,6 +133,11 @@ func TestServe(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	}, 10*time.Second, 20*time.Millisecond)
 
+	// The container healthcheck's subcommand finds the running API, and
+	// fails where none listens.
+	require.NoError(t, run(ctx, []string{"healthcheck"}, getenv, &bytes.Buffer{}))
+	require.Error(t, run(ctx, []string{"healthcheck"}, env(map[string]string{"ADDR": freeAddr(t)}), &bytes.Buffer{}))
+
 	var out bytes.Buffer
 	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write"}, getenv, &out))
 	var key struct{ Secret string }
