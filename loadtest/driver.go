@@ -62,7 +62,9 @@ type measurement struct {
 // run drives path for d with cfg.concurrency clients, closed loop or at
 // cfg.rate, and prints a live line to progress when it is not nil.
 func (dr *driver) run(ctx context.Context, path string, d time.Duration, progress io.Writer, label string) measurement {
-	ctx, cancel := context.WithTimeout(ctx, d)
+	// The run's end stops new requests; those in flight finish with ctx,
+	// so the server sees no cancelled request at a stage boundary.
+	runCtx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	replays := idempotentPaths[path] && dr.cfg.replayFraction > 0
 
@@ -77,7 +79,7 @@ func (dr *driver) run(ctx context.Context, path string, d time.Duration, progres
 			next := time.Now()
 			for {
 				select {
-				case <-ctx.Done():
+				case <-runCtx.Done():
 					close(tokens)
 					return
 				case <-time.After(time.Until(next)):
@@ -128,12 +130,12 @@ func (dr *driver) run(ctx context.Context, path string, d time.Duration, progres
 						return
 					}
 				}
-				if ctx.Err() != nil {
+				if runCtx.Err() != nil {
 					return
 				}
 				s := dr.one(ctx, path, rng, replays, intended)
 				if ctx.Err() != nil && s.status == 0 {
-					return // cut off by the end of the run, not a failure
+					return // the whole load test was interrupted
 				}
 				per[w] = append(per[w], s)
 				done.Add(1)

@@ -47,6 +47,10 @@ func TestSmoke(t *testing.T) {
 	require.NoError(t, err, "progress: %s", progress.String())
 
 	require.Len(t, res.Stages, 2)
+	// Stage boundaries cancel no request: the server logged no error.
+	apiLog, err := os.ReadFile(filepath.Join(out, "api.log"))
+	require.NoError(t, err)
+	require.NotContains(t, string(apiLog), `"level":"ERROR"`)
 	require.GreaterOrEqual(t, res.Stages[1].TableRows, int64(3000))
 	for _, s := range res.Stages {
 		require.Positive(t, s.Requests)

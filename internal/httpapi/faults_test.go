@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,4 +164,30 @@ func TestVanishedHolderFreesTheKeyWithinTheBound(t *testing.T) {
 	require.Positive(t, locked, "the vanished holder never held the key: the fault was not injected")
 	require.Equal(t, 0, b.proxy.Held(), "the server ended the abandoned session")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
+}
+
+// A client that gives up mid-request is not a server fault: no ERROR line,
+// no 500 counted, and the claim rolled back with the cancelled statement.
+func TestClientGoneIsNotAServerFault(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.noWorkers = true })
+	k := b.newKey(t, "acme", allScopes...)
+	_, err := b.admin.Exec(context.Background(), `
+		CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$;
+		CREATE TRIGGER stall BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION stall();`)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.srv.URL+"/v1/payments", strings.NewReader(paymentBody))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+k.Secret)
+	req.Header.Set("Idempotency-Key", "gone")
+	req.Header.Set("Content-Type", "application/json")
+	_, err = b.srv.Client().Do(req)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	require.Eventually(t, func() bool { return strings.Contains(b.logs.String(), "client went away") }, 5*time.Second, 10*time.Millisecond)
+	require.NotContains(t, b.logs.String(), `"level":"ERROR"`)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM idempotency_keys`))
 }

@@ -161,6 +161,12 @@ func (p Problem) render(r *http.Request) []byte {
 
 // writeError answers r with the problem err maps to, logging server errors.
 func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
+	if errors.Is(err, context.Canceled) && errors.Is(r.Context().Err(), context.Canceled) {
+		// The client went away: nobody will read an answer, and it is no
+		// server fault. (Whatever was committed stays, as for any request.)
+		log.InfoContext(r.Context(), "client went away before the answer", "error", err)
+		return
+	}
 	p := problemFor(err)
 	if r.Method != http.MethodPost {
 		p = p.forRead()
