@@ -28,7 +28,7 @@ func TestSmoke(t *testing.T) {
 	out := t.TempDir()
 	cfg, err := parseFlags([]string{
 		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-concurrency", strconv.Itoa(concurrency), "-principals", "3",
-		"-db-max-conns", strconv.Itoa(apiConns), "-database-url", db.AdminURL, "-out", out,
+		"-db-max-conns", strconv.Itoa(apiConns), "-database-url", db.AdminURL, "-out", out, "-take-over",
 	})
 	require.NoError(t, err)
 	// The API's own log explains a failed stage; the output directory is
@@ -116,4 +116,15 @@ func TestServerTimingParse(t *testing.T) {
 	require.Equal(t, 1234*time.Microsecond, serverTimingClaim("claim;dur=1.234"))
 	require.Equal(t, 2*time.Millisecond, serverTimingClaim("db;dur=9, claim;dur=2.000"))
 	require.Equal(t, time.Duration(-1), serverTimingClaim(""))
+}
+
+// The load test empties its database: it refuses one it did not create (or
+// was not told to take over), and says so, before touching anything.
+func TestRefusesADatabaseItDidNotCreate(t *testing.T) {
+	db := testdb.New(t, 2)
+	cfg, err := parseFlags([]string{"-database-url", db.AdminURL, "-out", t.TempDir(), "-redis-peer", ""})
+	require.NoError(t, err)
+	_, err = run(context.Background(), cfg, &bytes.Buffer{})
+	require.ErrorIs(t, err, errNotOurs)
+	require.Contains(t, err.Error(), "-take-over")
 }

@@ -56,6 +56,7 @@ type config struct {
 	apiURL          string // target this API instead of starting one
 	baseline        bool
 	redisPeer       string // Redis for the peer design; "" skips it
+	takeOver        bool   // own and empty a database the load test did not create
 	pgbench         bool
 	pgbenchDuration time.Duration
 	responseBytes   int    // size of the bulk-loaded rows' stored responses
@@ -84,6 +85,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.maintenanceURL, "maintenance-database-url", "", "maintenance-role URL for the API it starts (default: -database-url as payments_maintenance)")
 	fs.StringVar(&c.apiURL, "api-url", "", "target an API already running (loopback only; start it with SERVER_TIMING=true and, for the baseline, BENCHMARK_IDEMPOTENCY_BYPASS=true)")
 	fs.BoolVar(&c.baseline, "baseline", true, "also measure the same write without idempotency")
+	fs.BoolVar(&c.takeOver, "take-over", false, "let the load test own and empty a database it did not create")
 	fs.StringVar(&c.redisPeer, "redis-peer", "127.0.0.1:6379", "also measure the peer design, keys claimed in this Redis (loopback only; \"\" skips it)")
 	fs.BoolVar(&c.pgbench, "pgbench", true, "also run pgbench with the service's SQL, if pgbench is installed")
 	fs.DurationVar(&c.pgbenchDuration, "pgbench-duration", 0, "pgbench run length (default: -duration)")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -98,10 +99,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	res := &Results{StartedAt: time.Now().UTC(), GoVersion: runtime.Version(), Settings: cfg.describe()}
 
 	fmt.Fprintln(progress, "preparing the database")
-	if err := database.EnsureDatabase(ctx, cfg.databaseURL); err != nil {
-		return nil, err
-	}
-	if err := database.Migrate(ctx, cfg.databaseURL); err != nil {
+	if err := claimDatabase(ctx, cfg); err != nil {
 		return nil, err
 	}
 	adminCfg, err := pgxpool.ParseConfig(cfg.databaseURL)
@@ -471,4 +469,52 @@ func removePeerKeys(addr string, progress io.Writer) {
 	if err := iter.Err(); err != nil {
 		fmt.Fprintln(progress, "remove the peer's Redis keys:", err)
 	}
+}
+
+// errNotOurs refuses a database the load test did not create.
+var errNotOurs = errors.New("the load test empties its database, and did not create this one")
+
+// claimDatabase makes sure the load test may empty the database at
+// -database-url: it creates it when missing and marks it as its own; a
+// database that exists without the mark is refused, unless -take-over.
+// Then it applies the migrations.
+func claimDatabase(ctx context.Context, cfg config) error {
+	pc, err := pgx.ParseConfig(cfg.databaseURL)
+	if err != nil {
+		return err
+	}
+	existed := true
+	if conn, err := pgx.ConnectConfig(ctx, pc); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
+			return fmt.Errorf("connect: %w", err)
+		}
+		existed = false
+	} else {
+		var marked bool
+		err := conn.QueryRow(ctx, `SELECT to_regclass('loadtest_marker') IS NOT NULL`).Scan(&marked)
+		conn.Close(ctx)
+		if err != nil {
+			return err
+		}
+		if !marked && !cfg.takeOver {
+			return fmt.Errorf("%w: database %q exists and is not marked as the load test's (table loadtest_marker); name another with -database-url, or pass -take-over to let the load test own and empty it", errNotOurs, pc.Database)
+		}
+	}
+	if !existed {
+		if err := database.EnsureDatabase(ctx, cfg.databaseURL); err != nil {
+			return err
+		}
+	}
+	if err := database.Migrate(ctx, cfg.databaseURL); err != nil {
+		return err
+	}
+	conn, err := pgx.ConnectConfig(ctx, pc)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS loadtest_marker (created_at timestamptz NOT NULL DEFAULT now());
+		COMMENT ON TABLE loadtest_marker IS 'go run ./loadtest owns this database and empties it on every run'`)
+	return err
 }
