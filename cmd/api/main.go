@@ -73,11 +73,16 @@ const usage = `usage:
 // run dispatches to a subcommand. It returns instead of exiting so that
 // deferred cleanups run and tests can call it.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	return runLogging(ctx, args, getenv, stdout, os.Stderr)
+}
+
+// runLogging is run with the log written to logOut.
+func runLogging(ctx context.Context, args []string, getenv func(string) string, stdout, logOut io.Writer) error {
 	cfg, err := config.Load(getenv)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: cfg.LogLevel}))
 
 	cmd := "serve"
 	if len(args) > 0 {
@@ -149,6 +154,15 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return err
 	}
 	defer pool.Close()
+	// The pool connects on first use, so the service starts while the
+	// database is down; say at once if the service role cannot get in.
+	go func() {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := pool.Ping(pctx); err != nil && ctx.Err() == nil {
+			log.Warn("the service role cannot reach the database yet; requests get 503 until it can", "error", err)
+		}
+	}()
 	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {
 		return err

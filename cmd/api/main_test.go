@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -194,4 +195,45 @@ func freeAddr(t *testing.T) string {
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 	return addr
+}
+
+// A service role that cannot connect does not start silently: the log says
+// so at once, while the service still starts (and answers /healthz).
+func TestServeSaysWhenTheDatabaseIsUnreachable(t *testing.T) {
+	t.Parallel()
+	addr := freeAddr(t)
+	getenv := env(map[string]string{
+		"ADDR": addr, "METRICS_ADDR": "off", "MIGRATE_ON_START": "false", "OUTBOX_WORKERS": "0",
+		"DATABASE_URL":             "postgres://payments_app@127.0.0.1:1/payments?sslmode=disable",
+		"MAINTENANCE_DATABASE_URL": "postgres://payments_maintenance@127.0.0.1:1/payments?sslmode=disable",
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot reach the database") }, 10*time.Second, 20*time.Millisecond)
+	resp, err := http.Get("http://" + addr + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
