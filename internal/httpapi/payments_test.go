@@ -137,6 +137,13 @@ func TestKeyReusedForADifferentRequest(t *testing.T) {
 	r := b.post(t, "/v1/payments", k.Secret, "k", `{"amount": 2000, "currency": "usd"}`)
 	requireProblem(t, r, http.StatusUnprocessableEntity, "idempotency-key-reused")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
+
+	// As openapi.yaml's outcomes table says: the 422 stored nothing, but the
+	// key stays bound to its first request. That one still replays; the
+	// second request gets 422 again, however often it is sent.
+	requireProblem(t, b.post(t, "/v1/payments", k.Secret, "k", `{"amount": 2000, "currency": "usd"}`), http.StatusUnprocessableEntity, "idempotency-key-reused")
+	require.Equal(t, "true", b.post(t, "/v1/payments", k.Secret, "k", paymentBody).Header.Get("Idempotent-Replayed"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
 }
 
 func TestReformattedJSONIsTheSameRequest(t *testing.T) {
