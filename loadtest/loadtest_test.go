@@ -51,6 +51,7 @@ func TestSmoke(t *testing.T) {
 	apiLog, err := os.ReadFile(filepath.Join(out, "api.log"))
 	require.NoError(t, err)
 	require.NotContains(t, string(apiLog), `"level":"ERROR"`)
+	require.Zero(t, res.APILogErrors)
 	require.GreaterOrEqual(t, res.Stages[1].TableRows, int64(3000))
 	for _, s := range res.Stages {
 		require.Positive(t, s.Requests)
@@ -73,7 +74,7 @@ func TestSmoke(t *testing.T) {
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
 	for _, k := range []string{"stages", "baseline_rps", "peer_redis_claim_rps", "ours_to_peer_ratio", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
-		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds"} {
+		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds", "api_log_errors"} {
 		require.Contains(t, fields, k)
 	}
 	stage := fields["stages"].([]any)[0].(map[string]any)

@@ -68,6 +68,7 @@ func report(res *Results) string {
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "\nNote: %s\n", n)
 	}
+	fmt.Fprintf(&b, "\nThe API logged %d ERROR lines during the run (api.log).\n", res.APILogErrors)
 	b.WriteString("\n## The outbox\n\nEvery payment inserts a charge job in its transaction; the service's workers call the processor (the in-process simulator, no latency) and record the answer.\n\n")
 	b.WriteString("| table rows | payments/s | charges completed/s | jobs not done at stage end | oldest waiting job |\n|---:|---:|---:|---:|---:|\n")
 	for _, s := range res.Stages {

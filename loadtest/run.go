@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,6 +73,9 @@ type Results struct {
 	PeerRPS    float64 `json:"peer_redis_claim_rps"`
 	PeerP99    float64 `json:"peer_redis_claim_request_p99_ms"`
 	OursToPeer float64 `json:"ours_to_peer_ratio"`
+	// APILogErrors counts the ERROR lines the started API logged: server
+	// faults, none in a clean run.
+	APILogErrors int `json:"api_log_errors"`
 	// OutboxDrainSeconds is how long the outbox took, after the last stage,
 	// to complete every job the run inserted.
 	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
@@ -231,6 +235,13 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 				fmt.Fprintf(progress, "pgbench (same SQL, %d clients): %.0f tps with the outbox job, %.0f without; service/pgbench = %.2f\n",
 					cfg.concurrency, with, without, res.ServiceToPgbenchRatio)
 			}
+		}
+	}
+	if cfg.apiURL == "" {
+		// What the server said about the run: the service logs server
+		// faults at ERROR, so any here is worth reading in api.log.
+		if raw, err := os.ReadFile(filepath.Join(cfg.out, "api.log")); err == nil {
+			res.APILogErrors = strings.Count(string(raw), `"level":"ERROR"`)
 		}
 	}
 	drainStart := time.Now()
