@@ -29,8 +29,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
@@ -99,14 +97,8 @@ func runOnOwnDatabase(ctx context.Context, serverURL string, keep bool, cfg conf
 func dropDatabase(serverURL, name string, progress io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		fmt.Fprintln(progress, "drop database:", err)
-		return
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		fmt.Fprintln(progress, "drop database:", err)
+	if err := database.DropDatabase(ctx, serverURL, name); err != nil {
+		fmt.Fprintln(progress, err)
 	}
 }
 

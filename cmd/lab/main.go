@@ -24,8 +24,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/lab"
 )
@@ -99,13 +97,7 @@ func run(ctx context.Context, serverURL string, keep bool, env lab.Env, stdout, 
 func dropDatabase(serverURL, name string, progress io.Writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		fmt.Fprintln(progress, "drop database:", err)
-		return
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-		fmt.Fprintln(progress, "drop database:", err)
+	if err := database.DropDatabase(ctx, serverURL, name); err != nil {
+		fmt.Fprintln(progress, err)
 	}
 }

@@ -84,6 +84,21 @@ func RiverVersion() int {
 	return all[len(all)-1].Version
 }
 
+// DropDatabase drops the database name on the server serverURL connects to,
+// ending its sessions first. The fault suite and the failure lab use it to
+// remove the scratch databases they create.
+func DropDatabase(ctx context.Context, serverURL, name string) error {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return fmt.Errorf("drop database %q: %w", name, Classify(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %q: %w", name, err)
+	}
+	return nil
+}
+
 // EnsureDatabase creates the database named in ownerURL when it does not
 // exist yet, connecting to the server's "postgres" database to do so. It lets
 // the README's run command work on a fresh machine without hand-made setup.
