@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -13,12 +14,14 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
 // paymentRoutes serves /v1/payments.
 func (a *api) paymentRoutes() chi.Router {
 	r := chi.NewRouter()
 	r.With(requireScope(auth.ScopePaymentsWrite, a.log)).Post("/", a.createPayment)
+	r.With(requireScope(auth.ScopePaymentsRead, a.log)).Get("/", a.listPayments)
 	r.With(requireScope(auth.ScopePaymentsRead, a.log)).Get("/{id}", a.getPayment)
 	r.With(requireScope(auth.ScopeRefundsWrite, a.log)).Post("/{id}/refunds", a.createRefund)
 	r.With(requireScope(auth.ScopeRefundsRead, a.log)).Get("/{id}/refunds", a.listRefunds)
@@ -57,6 +60,56 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	a.respond(w, r, p, err)
+}
+
+// paymentList is the body of GET /v1/payments.
+type paymentList struct {
+	Data    []payments.Payment `json:"data"`
+	HasMore bool               `json:"has_more"`
+}
+
+func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
+	pg, err := parsePage(r, payments.ListLimit)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var list paymentList
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
+		list.Data, list.HasMore, err = payments.List(ctx, tx, pg.after, pg.limit)
+		return err
+	})
+	a.respond(w, r, list, err)
+}
+
+// page is a list request's window: at most limit items, after the one
+// whose id is after (nil: from the first).
+type page struct {
+	after *uuid.UUID
+	limit int
+}
+
+// parsePage reads ?limit= (1 to most, default most) and ?starting_after=
+// (the id of the last item of the previous page).
+func parsePage(r *http.Request, most int) (page, error) {
+	pg := page{limit: most}
+	var c validation.Collector
+	q := r.URL.Query()
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > most {
+			c.Add("limit", fmt.Sprintf("must be an integer from 1 to %d", most))
+		}
+		pg.limit = n
+	}
+	if v := q.Get("starting_after"); v != "" {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			c.Add("starting_after", "must be the id of an item of the list")
+		}
+		pg.after = &id
+	}
+	return pg, c.Err()
 }
 
 // pathID reads the {id} path parameter. Anything that is not a UUID cannot

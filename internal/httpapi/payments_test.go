@@ -418,3 +418,46 @@ func TestMemberNamesAreExact(t *testing.T) {
 	r := b.post(t, "/v1/payments", k.Secret, "ok", `{"amount": 7, "currency": "usd", "metadata": {"amount": "1", "Amount": "2"}}`)
 	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
 }
+
+// GET /v1/payments pages through the caller's payments, oldest first, with
+// a cursor: every payment once, none of another principal's.
+func TestListPaymentsWithACursor(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.noWorkers = true })
+	k := b.newKey(t, "acme", allScopes...)
+	other := b.newKey(t, "globex", allScopes...)
+	var made []string
+	for i := range 5 {
+		r := b.post(t, "/v1/payments", k.Secret, "list-"+itoa(i), paymentBody)
+		require.Equal(t, http.StatusCreated, r.Status)
+		made = append(made, decode(t, r.Body)["id"].(string))
+	}
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", other.Secret, "list-0", paymentBody).Status)
+
+	var seen []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 5, "the pages never ended")
+		path := "/v1/payments?limit=2"
+		if cursor != "" {
+			path += "&starting_after=" + cursor
+		}
+		r := b.get(t, path, k.Secret)
+		require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+		page := decode(t, r.Body)
+		data := page["data"].([]any)
+		require.LessOrEqual(t, len(data), 2)
+		for _, p := range data {
+			seen = append(seen, p.(map[string]any)["id"].(string))
+		}
+		if page["has_more"] != true {
+			break
+		}
+		cursor = seen[len(seen)-1]
+	}
+	require.Equal(t, made, seen, "every payment once, oldest first, only the caller's")
+
+	for _, bad := range []string{"?limit=0", "?limit=101", "?limit=x", "?starting_after=nope"} {
+		requireProblem(t, b.get(t, "/v1/payments"+bad, k.Secret), http.StatusBadRequest, "validation-failed")
+	}
+}

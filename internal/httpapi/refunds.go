@@ -76,12 +76,17 @@ func (a *api) listRefunds(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, a.log, err)
 		return
 	}
+	pg, err := parsePage(r, refunds.ListLimit)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
 	var list refundList
 	err = a.read(r, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := payments.Get(ctx, tx, paymentID); err != nil {
 			return err
 		}
-		list.Data, list.HasMore, err = refunds.List(ctx, tx, paymentID)
+		list.Data, list.HasMore, err = refunds.List(ctx, tx, paymentID, pg.after, pg.limit)
 		return err
 	})
 	a.respond(w, r, list, err)

@@ -64,6 +64,16 @@ func TestRefundAPayment(t *testing.T) {
 	list := decode(t, b.get(t, "/v1/payments/"+pay+"/refunds", k.Secret).Body)
 	require.Len(t, list["data"], 2)
 	require.Equal(t, false, list["has_more"])
+	// A page of one, then the page after it.
+	first := decode(t, b.get(t, "/v1/payments/"+pay+"/refunds?limit=1", k.Secret).Body)
+	require.Len(t, first["data"], 1)
+	require.Equal(t, true, first["has_more"])
+	firstID := first["data"].([]any)[0].(map[string]any)["id"].(string)
+	require.Equal(t, refund["id"], firstID, "oldest first")
+	second := decode(t, b.get(t, "/v1/payments/"+pay+"/refunds?limit=1&starting_after="+firstID, k.Secret).Body)
+	require.Len(t, second["data"], 1)
+	require.Equal(t, false, second["has_more"])
+	require.Equal(t, decode(t, rest.Body)["id"], second["data"].([]any)[0].(map[string]any)["id"])
 
 	var endpoint string
 	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT endpoint FROM idempotency_keys WHERE key = 'refund-1'`).Scan(&endpoint))

@@ -170,6 +170,34 @@ func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Paym
 	return p, nil
 }
 
+// ListLimit is the most payments one list response holds.
+const ListLimit = 100
+
+// List returns up to limit of the principal's payments (row-level security
+// shows no other) in creation order, after the payment with id after when
+// it is not nil, and whether there are more.
+func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([]Payment, bool, error) {
+	rows, err := db.Query(ctx, `
+		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, created_at
+		FROM payments WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid AND ($1::uuid IS NULL OR id > $1)
+		ORDER BY id LIMIT $2`, after, limit+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("list payments: %w", database.Classify(err))
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) {
+		var p Payment
+		err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.CreatedAt)
+		return p, err
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("list payments: %w", database.Classify(err))
+	}
+	if len(list) > limit {
+		return list[:limit], true, nil
+	}
+	return list, false, nil
+}
+
 // AddRefunded records amount more as refunded on the payment (less, for a
 // negative amount: a failed refund gives its amount back). The table's CHECK
 // refuses a total above the payment's amount or below zero.

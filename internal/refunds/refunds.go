@@ -161,11 +161,11 @@ func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Refund, error) {
 	return r, nil
 }
 
-// List returns the oldest ListLimit refunds of a payment, and whether there
-// are more.
-func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID) ([]Refund, bool, error) {
-	rows, err := db.Query(ctx, `SELECT `+columns+` FROM refunds WHERE payment_id = $1 ORDER BY created_at, id LIMIT $2`,
-		paymentID, ListLimit+1)
+// List returns up to limit refunds of a payment in creation order, after
+// the refund with id after when it is not nil, and whether there are more.
+func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID, after *uuid.UUID, limit int) ([]Refund, bool, error) {
+	rows, err := db.Query(ctx, `SELECT `+columns+` FROM refunds WHERE payment_id = $1 AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3`,
+		paymentID, after, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list refunds: %w", database.Classify(err))
 	}
@@ -173,8 +173,8 @@ func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID) ([]Refund,
 	if err != nil {
 		return nil, false, fmt.Errorf("list refunds: %w", database.Classify(err))
 	}
-	if len(list) > ListLimit {
-		return list[:ListLimit], true, nil
+	if len(list) > limit {
+		return list[:limit], true, nil
 	}
 	return list, false, nil
 }
