@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
 )
@@ -69,8 +70,8 @@ func newRig(t *testing.T, sim processor.SimConfig) *rig {
 		"OUTBOX_RETRY_MAX=500ms",
 		"OUTBOX_MAX_ATTEMPTS=25",
 		"METRICS_ADDR=127.0.0.1:0",
-		"DATABASE_URL=" + withUser(db.AdminURL, "payments_app"),
-		"MAINTENANCE_DATABASE_URL=" + withUser(db.AdminURL, "payments_maintenance"),
+		"DATABASE_URL=" + database.WithUser(db.AdminURL, "payments_app"),
+		"MAINTENANCE_DATABASE_URL=" + database.WithUser(db.AdminURL, "payments_maintenance"),
 		"MIGRATE_ON_START=false",
 		"DB_MAX_CONNS=6",
 		"LOG_LEVEL=warn",

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 )
@@ -97,7 +97,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	defer proxy.Close()
-	appURL, err := proxy.Via(withUser(cfg.adminURL, "payments_app"))
+	appURL, err := proxy.Via(database.WithUser(cfg.adminURL, "payments_app"))
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		"OUTBOX_MAX_ATTEMPTS=25",
 		"METRICS_ADDR=127.0.0.1:0",
 		"DATABASE_URL=" + appURL,
-		"MAINTENANCE_DATABASE_URL=" + withUser(cfg.adminURL, "payments_maintenance"),
+		"MAINTENANCE_DATABASE_URL=" + database.WithUser(cfg.adminURL, "payments_maintenance"),
 		"MIGRATE_ON_START=false",
 		"DB_MAX_CONNS=6",
 		"DB_ACQUIRE_TIMEOUT=1s",
@@ -454,13 +454,4 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func withUser(raw, user string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	u.User = url.User(user)
-	return u.String()
 }

@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
 // pgbenchScript is what the service sends PostgreSQL for one new idempotent
@@ -75,7 +77,7 @@ func runPgbenchScript(ctx context.Context, cfg config, clients []client, progres
 	}
 	appURL := cfg.appDatabaseURL
 	if appURL == "" {
-		appURL = withUser(cfg.databaseURL, "payments_app")
+		appURL = database.WithUser(cfg.databaseURL, "payments_app")
 	}
 	pc, err := pgx.ParseConfig(appURL)
 	if err != nil {

@@ -360,10 +360,10 @@ func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(),
 
 	appURL, maintURL := cfg.appDatabaseURL, cfg.maintenanceURL
 	if appURL == "" {
-		appURL = withUser(cfg.databaseURL, "payments_app")
+		appURL = database.WithUser(cfg.databaseURL, "payments_app")
 	}
 	if maintURL == "" {
-		maintURL = withUser(cfg.databaseURL, "payments_maintenance")
+		maintURL = database.WithUser(cfg.databaseURL, "payments_maintenance")
 	}
 	logFile, err := os.Create(filepath.Join(cfg.out, "api.log"))
 	if err != nil {
@@ -406,15 +406,6 @@ func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(),
 		return nil, "", err
 	}
 	return stop, apiURL, nil
-}
-
-func withUser(raw, user string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	u.User = url.User(user)
-	return u.String()
 }
 
 func tableStats(ctx context.Context, admin *pgxpool.Pool) (Stage, error) {

@@ -84,6 +84,19 @@ func RiverVersion() int {
 	return all[len(all)-1].Version
 }
 
+// WithUser returns the database URL raw with its user replaced by user and
+// no password: the service roles log in without one locally (trust), and
+// tools derive their URLs from one superuser URL this way. A URL that does
+// not parse is returned as it is, for the connection to report.
+func WithUser(raw, user string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.User = url.User(user)
+	return u.String()
+}
+
 // DropDatabase drops the database name on the server serverURL connects to,
 // ending its sessions first. The fault suite and the failure lab use it to
 // remove the scratch databases they create.

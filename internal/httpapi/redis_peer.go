@@ -28,10 +28,6 @@ func (a *api) mountRedisPeer(r chi.Router, addr string) {
 		Post("/benchmark/payments-redis-claim", func(w http.ResponseWriter, r *http.Request) { a.createPaymentRedisClaim(w, r, rdb) })
 }
 
-// errRedisClaimed is the peer's answer to a duplicate that arrives while
-// the original runs: it cannot wait for it, as a row lock can.
-var errRedisClaimed = idempotency.ErrRequestInProgress
-
 func (a *api) createPaymentRedisClaim(w http.ResponseWriter, r *http.Request, rdb *redis.Client) {
 	var in payments.NewPayment
 	req, err := a.parseIdempotent(w, r, &in)
@@ -53,7 +49,9 @@ func (a *api) createPaymentRedisClaim(w http.ResponseWriter, r *http.Request, rd
 		case err != nil:
 			writeError(w, r, a.log, errors.Join(database.ErrUnavailable, err))
 		case string(stored) == inProgress:
-			writeError(w, r, a.log, errRedisClaimed)
+			// A duplicate of a running original: unlike a row lock, a
+			// Redis claim cannot be waited on, so it is a 409 at once.
+			writeError(w, r, a.log, idempotency.ErrRequestInProgress)
 		default:
 			w.Header().Set("Idempotent-Replayed", "true")
 			writeResponse(w, idempotency.Response{Status: http.StatusCreated, ContentType: "application/json", Body: stored})

@@ -8,7 +8,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/google/uuid"
@@ -71,11 +70,11 @@ func Open(ctx context.Context, env Env) (*Lab, error) {
 		return nil, err
 	}
 	cfg := database.PoolConfig{MaxConns: AppConns, AcquireTimeout: 30 * time.Second}
-	if l.app, err = database.Open(ctx, withUser(env.AdminURL, "payments_app"), cfg); err != nil {
+	if l.app, err = database.Open(ctx, database.WithUser(env.AdminURL, "payments_app"), cfg); err != nil {
 		l.Close()
 		return nil, err
 	}
-	if l.maint, err = database.Open(ctx, withUser(env.AdminURL, "payments_maintenance"), database.PoolConfig{MaxConns: MaintConns, AcquireTimeout: 30 * time.Second}); err != nil {
+	if l.maint, err = database.Open(ctx, database.WithUser(env.AdminURL, "payments_maintenance"), database.PoolConfig{MaxConns: MaintConns, AcquireTimeout: 30 * time.Second}); err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -178,13 +177,4 @@ func (l *Lab) naivePay(ctx context.Context, principal, intent string) (string, e
 	id := uuid.NewString()
 	_, err := l.admin.Exec(ctx, `INSERT INTO lab_naive_payments (id, principal, intent) VALUES ($1, $2, $3)`, id, principal, intent)
 	return id, err
-}
-
-func withUser(raw, user string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	u.User = url.User(user)
-	return u.String()
 }

@@ -57,9 +57,9 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 	}
 	return database.InTenantTx(ctx, w.Pool, job.Args.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `
-			UPDATE payments SET status = $2, failure_reason = $3, processor_id = $4
+			UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
 			WHERE id = $1 AND status = 'processing'`,
-			p.ID, status, reason, nullIfEmpty(res.ID)); err != nil {
+			p.ID, status, reason, res.ID); err != nil {
 			return fmt.Errorf("record charge of %s: %w", p.ID, database.Classify(err))
 		}
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
@@ -100,11 +100,4 @@ func Outcome(err error, last bool) (status string, reason *string) {
 		return StatusFailed, &r
 	}
 	return "", nil
-}
-
-func nullIfEmpty(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }

@@ -53,15 +53,11 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 	if status == "" {
 		return fmt.Errorf("refund %s: %w", r.ID, err)
 	}
-	var processorID *string
-	if res.ID != "" {
-		processorID = &res.ID
-	}
 	return database.InTenantTx(ctx, w.Pool, job.Args.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `
-			UPDATE refunds SET status = $2, failure_reason = $3, processor_id = $4
+			UPDATE refunds SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
 			WHERE id = $1 AND status = 'pending'`,
-			r.ID, status, reason, processorID)
+			r.ID, status, reason, res.ID)
 		if err != nil {
 			return fmt.Errorf("record refund %s: %w", r.ID, database.Classify(err))
 		}

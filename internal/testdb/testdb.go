@@ -252,8 +252,8 @@ func New(t testing.TB, conns int) DB {
 	owner := inst.URL()
 	return DB{
 		OwnerURL:       owner,
-		AppURL:         withUser(owner, "payments_app"),
-		MaintenanceURL: withUser(owner, "payments_maintenance"),
+		AppURL:         database.WithUser(owner, "payments_app"),
+		MaintenanceURL: database.WithUser(owner, "payments_maintenance"),
 		AdminURL:       adminURL.String(),
 	}
 }
@@ -272,10 +272,4 @@ func limitConnections(t testing.TB, adminURL, name string, conns int) {
 	if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s CONNECTION LIMIT %d", pgx.Identifier{name}.Sanitize(), conns)); err != nil {
 		t.Fatalf("testdb: set the connection limit: %v", err)
 	}
-}
-
-func withUser(raw, user string) string {
-	u, _ := url.Parse(raw) // raw came from pgtestdb's own URL builder
-	u.User = url.User(user)
-	return u.String()
 }
