@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	paymentsclient "github.com/payments-reference/idempotent-payments/client"
 )
 
 // driver sends payment requests: new keys, and a share of retries of keys it
@@ -23,6 +27,10 @@ type driver struct {
 	cfg     config
 	clients []client
 	http    *http.Client
+	// api sends /v1/payments through the client package, one per client,
+	// with retries off: the load test measures single requests, and a
+	// retry would hide the failure it is there to count.
+	api []*paymentsclient.Client
 
 	mu   sync.Mutex
 	used map[string][]sent // by path: completed requests that a later one may retry
@@ -36,14 +44,27 @@ var idempotentPaths = map[string]bool{"/v1/payments": true, redisPeerPath: true}
 const redisPeerPath = "/benchmark/payments-redis-claim"
 
 type sent struct {
-	client int
-	key    string
-	body   string
+	client  int
+	key     string
+	payment paymentsclient.NewPayment
 }
+
+// paymentsPath is the service's own payment route, which the client package
+// covers; the other routes are the load test's own.
+const paymentsPath = "/v1/payments"
 
 func newDriver(base string, cfg config, clients []client) *driver {
 	tr := &http.Transport{MaxIdleConns: 4 * cfg.concurrency, MaxIdleConnsPerHost: 4 * cfg.concurrency, IdleConnTimeout: time.Minute}
-	return &driver{base: base, cfg: cfg, clients: clients, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, used: map[string][]sent{}}
+	dr := &driver{base: base, cfg: cfg, clients: clients, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}, used: map[string][]sent{}}
+	for _, c := range clients {
+		api, err := paymentsclient.New(base, c.secret, paymentsclient.UseHTTPClient(dr.http),
+			paymentsclient.WithRetryPolicy(paymentsclient.RetryPolicy{MaxAttempts: 1}))
+		if err != nil {
+			panic(err) // only a malformed base URL, which main has parsed already
+		}
+		dr.api = append(dr.api, api)
+	}
+	return dr
 }
 
 // sample is one request's outcome.
@@ -167,13 +188,58 @@ func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays 
 		dr.mu.Unlock()
 	}
 	if !replay {
+		order := strconv.FormatUint(uint64(rng.Uint32()), 10)
 		req = sent{
 			client: rng.IntN(len(dr.clients)),
 			key:    uuid.NewString(),
-			body:   fmt.Sprintf(`{"amount": %d, "currency": "usd", "description": "load test", "metadata": {"order": "%d"}}`, 1+rng.IntN(100000), rng.Uint32()),
+			payment: paymentsclient.NewPayment{Amount: 1 + rng.Int64N(100000), Currency: "usd",
+				Description: &loadTestDescription, Metadata: &map[string]string{"order": order}},
 		}
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, dr.base+path, strings.NewReader(req.body))
+	var s sample
+	if path == paymentsPath {
+		s = dr.viaClient(ctx, req, intended)
+	} else {
+		s = dr.raw(ctx, path, req, intended)
+	}
+	s.replay = replay
+	if !replay && s.status == http.StatusCreated && idempotentPaths[path] {
+		dr.mu.Lock()
+		if used := dr.used[path]; len(used) < 100_000 {
+			dr.used[path] = append(used, req)
+		} else {
+			used[rng.IntN(len(used))] = req
+		}
+		dr.mu.Unlock()
+	}
+	return s
+}
+
+// loadTestDescription marks the load test's payments.
+var loadTestDescription = "load test"
+
+// viaClient sends a payment to the service through the client package.
+func (dr *driver) viaClient(ctx context.Context, req sent, intended time.Time) sample {
+	s := sample{claim: -1}
+	_, _ = dr.api[req.client].CreatePayment(ctx, req.payment, paymentsclient.WithIdempotencyKey(req.key),
+		paymentsclient.OnAttempt(func(a paymentsclient.Attempt) {
+			s.status = a.StatusCode
+			if a.Header != nil {
+				s.claim = serverTimingClaim(a.Header.Get("Server-Timing"))
+			}
+		}))
+	s.latency = time.Since(intended)
+	return s
+}
+
+// raw sends a payment to one of the load test's own routes (the baseline
+// and the peer), which are not part of the API and so not in the client.
+func (dr *driver) raw(ctx context.Context, path string, req sent, intended time.Time) sample {
+	body, err := json.Marshal(req.payment)
+	if err != nil {
+		return sample{status: 0, claim: -1}
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, dr.base+path, bytes.NewReader(body))
 	if err != nil {
 		return sample{status: 0, claim: -1}
 	}
@@ -188,17 +254,7 @@ func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays 
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	s := sample{latency: time.Since(intended), status: resp.StatusCode, replay: replay, claim: serverTimingClaim(resp.Header.Get("Server-Timing"))}
-	if !replay && resp.StatusCode == http.StatusCreated && idempotentPaths[path] {
-		dr.mu.Lock()
-		if used := dr.used[path]; len(used) < 100_000 {
-			dr.used[path] = append(used, req)
-		} else {
-			used[rng.IntN(len(used))] = req
-		}
-		dr.mu.Unlock()
-	}
-	return s
+	return sample{latency: time.Since(intended), status: resp.StatusCode, claim: serverTimingClaim(resp.Header.Get("Server-Timing"))}
 }
 
 // serverTimingClaim reads "claim;dur=1.234" (milliseconds).
