@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,7 +83,7 @@ func TestSmoke(t *testing.T) {
 		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds"} {
 		require.Contains(t, stage, k)
 	}
-	for _, f := range []string{"report.md", "claim_p99.png"} {
+	for _, f := range []string{"report.md", "latency.png"} {
 		info, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)
 		require.Positive(t, info.Size())
@@ -128,4 +129,28 @@ func TestRefusesADatabaseItDidNotCreate(t *testing.T) {
 	_, err = run(context.Background(), cfg, &bytes.Buffer{})
 	require.ErrorIs(t, err, errNotOurs)
 	require.Contains(t, err.Error(), "-take-over")
+}
+
+// The plot's labels: one format per axis, sizes as people say them.
+func TestPlotLabels(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int64]string{0: "0", 2540: "2.5k", 100_000: "100k", 1_002_620: "1M", 10_000_000: "10M", 12_500_000: "13M"} {
+		require.Equal(t, want, formatRows(n), "%d rows", n)
+	}
+	for _, r := range [][2]float64{{0, 16}, {0, 4}, {0, 0.8}, {0, 70}} {
+		decimals := -1
+		for _, tick := range (msTicks{}).Ticks(r[0], r[1]) {
+			if tick.Label == "" {
+				continue
+			}
+			d := 0
+			if i := strings.IndexByte(tick.Label, '.'); i >= 0 {
+				d = len(tick.Label) - i - 1
+			}
+			if decimals == -1 {
+				decimals = d
+			}
+			require.Equal(t, decimals, d, "axis %v: tick %q", r, tick.Label)
+		}
+	}
 }

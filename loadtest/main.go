@@ -8,7 +8,8 @@
 //
 // It builds and starts the API (cmd/api) on a loopback port, or targets one
 // given with -api-url, bulk-loads the key table with COPY before each stage,
-// and writes results.json, report.md and claim_p99.png to -out. It only ever
+// and writes results.json, report.md and latency.png to -out.
+// -replot DIR rewrites DIR's report.md and latency.png from its results.json. It only ever
 // sends traffic to loopback addresses, and every loop is bounded in time.
 package main
 
@@ -30,6 +31,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		os.Exit(2)
 	}
+	if cfg.replot != "" {
+		if err := replot(cfg.replot); err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, err := run(ctx, cfg, os.Stderr)
@@ -37,7 +45,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "\nwrote %s/results.json, report.md, claim_p99.png (overhead ratio %.2f)\n", cfg.out, res.OverheadRatio)
+	fmt.Fprintf(os.Stderr, "\nwrote %s/results.json, report.md, latency.png (overhead ratio %.2f)\n", cfg.out, res.OverheadRatio)
 }
 
 // config is every knob of a run.
@@ -62,6 +70,7 @@ type config struct {
 	responseBytes   int    // size of the bulk-loaded rows' stored responses
 	metricsAddr     string // the started API's metrics and pprof listener
 	dbMaxConns      int    // the started API's DB_MAX_CONNS
+	replot          string // redraw this directory's report from its results.json
 }
 
 // adminConns is the load test's own pool: one connection loads, one reads
@@ -79,6 +88,7 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&c.replayFraction, "replay-fraction", 0.05, "share of requests that retry an earlier key of the run")
 	fs.IntVar(&c.principals, "principals", 64, "principals (tenants) the load and the bulk rows are spread over")
 	fs.StringVar(&c.out, "out", "loadtest-results", "output directory")
+	fs.StringVar(&c.replot, "replot", "", "rewrite `DIR`'s report.md and latency.png from its results.json, and run nothing")
 	fs.StringVar(&c.databaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/payments_loadtest?sslmode=disable",
 		"superuser URL of the database to use (created and migrated if missing)")
 	fs.StringVar(&c.appDatabaseURL, "app-database-url", "", "service-role URL for the API it starts (default: -database-url as payments_app)")

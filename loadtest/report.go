@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,7 +18,26 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
+
+// replot redraws dir's report and plot from its results.json, after a
+// change to how they are drawn.
+func replot(dir string) error {
+	raw, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		return err
+	}
+	var res Results
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return fmt.Errorf("%s/results.json: %w", dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(report(&res)), 0o644); err != nil {
+		return err
+	}
+	return plotLatency(filepath.Join(dir, "latency.png"), &res)
+}
 
 func writeOutputs(dir string, res *Results) error {
 	b, err := json.MarshalIndent(res, "", "  ")
@@ -30,7 +50,7 @@ func writeOutputs(dir string, res *Results) error {
 	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(report(res)), 0o644); err != nil {
 		return err
 	}
-	return plotClaims(filepath.Join(dir, "claim_p99.png"), res)
+	return plotLatency(filepath.Join(dir, "latency.png"), res)
 }
 
 func report(res *Results) string {
@@ -83,28 +103,141 @@ func report(res *Results) string {
 	return b.String()
 }
 
-func plotClaims(path string, res *Results) error {
-	p := plot.New()
-	p.Title.Text = "p99 latency against key-table size"
-	p.X.Label.Text = "rows in idempotency_keys (+1, log scale)"
-	p.Y.Label.Text = "milliseconds"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
-	var claim, claim50, request plotter.XYs
-	for _, s := range res.Stages {
-		x := float64(s.TableRows + 1)
-		claim = append(claim, plotter.XY{X: x, Y: s.ClaimP99})
-		claim50 = append(claim50, plotter.XY{X: x, Y: s.ClaimP50})
-		request = append(request, plotter.XY{X: x, Y: s.RequestP99})
-	}
-	if err := plotutil.AddLinePoints(p, "request p99 (client)", request, "claim p99 (server)", claim, "claim p50 (server)", claim50); err != nil {
+// plotLatency draws latency against the key table's size in two panels with
+// axes of their own: the claim statement (from Server-Timing) and the whole
+// request (from the client). On one axis the request's tens of milliseconds
+// flatten the claim's few into a line along zero. Every point is labelled
+// with its value, so the growth from the first one reads without a ruler.
+func plotLatency(path string, res *Results) error {
+	claim, err := latencyPanel("Claim statement (server), ms", res, func(s Stage) (float64, float64) { return s.ClaimP50, s.ClaimP99 })
+	if err != nil {
 		return err
 	}
-	p.Y.Min = 0
+	request, err := latencyPanel("Whole request (client), ms", res, func(s Stage) (float64, float64) { return s.RequestP50, s.RequestP99 })
+	if err != nil {
+		return err
+	}
+	const w, h = 9 * vg.Inch, 3.6 * vg.Inch
+	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(144))
+	dc := draw.New(img)
+	plots := [][]*plot.Plot{{claim, request}}
+	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Millimeter * 8, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+	canvases := plot.Align(plots, tiles, dc)
+	for j := range plots[0] {
+		plots[0][j].Draw(canvases[0][j])
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// latencyPanel plots p50 and p99 of one latency against table rows.
+func latencyPanel(title string, res *Results, pick func(Stage) (p50, p99 float64)) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title + ", p50 and p99"
+	p.X.Label.Text = "rows in idempotency_keys (log scale)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = rowTicks(res.Stages)
+	var p50, p99 plotter.XYs
+	top := 0.0
+	for _, s := range res.Stages {
+		x := float64(s.TableRows + 1) // +1: the log scale has no 0
+		a, b := pick(s)
+		p50 = append(p50, plotter.XY{X: x, Y: a})
+		p99 = append(p99, plotter.XY{X: x, Y: b})
+		top = max(top, a, b)
+	}
+	if err := plotutil.AddLinePoints(p, "p99", p99, "p50", p50); err != nil {
+		return nil, err
+	}
+	for _, line := range []plotter.XYs{p99, p50} {
+		labels := make([]string, len(line))
+		for i, xy := range line {
+			labels[i] = formatMs(xy.Y)
+		}
+		l, err := plotter.NewLabels(plotter.XYLabels{XYs: line, Labels: labels})
+		if err != nil {
+			return nil, err
+		}
+		l.Offset = vg.Point{X: vg.Points(4), Y: vg.Points(4)}
+		p.Add(l)
+	}
+	// Headroom above the lines for the legend and the labels.
+	p.Y.Min, p.Y.Max = 0, top*1.45
+	p.Y.Tick.Marker = msTicks{}
 	p.Legend.Top = true
 	p.Legend.Left = true
-	p.Legend.XOffs = vg.Points(50)
-	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+	p.Legend.XOffs = vg.Points(6)
+	return p, nil
+}
+
+// formatMs renders a point's milliseconds to two significant digits or
+// whole milliseconds.
+func formatMs(v float64) string {
+	switch {
+	case v < 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	default:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+}
+
+// msTicks are plot.DefaultTicks with one precision on the whole axis: whole
+// numbers when every labelled tick is one, else one decimal.
+type msTicks struct{}
+
+// Ticks returns the default ticks with consistent labels.
+func (msTicks) Ticks(min, max float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(min, max)
+	prec := 0
+	for _, t := range ticks {
+		if t.Label != "" && t.Value != math.Trunc(t.Value) {
+			prec = 1
+		}
+	}
+	for i := range ticks {
+		if ticks[i].Label != "" {
+			ticks[i].Label = strconv.FormatFloat(ticks[i].Value, 'f', prec, 64)
+		}
+	}
+	return ticks
+}
+
+// rowTicks puts one tick at each measured size, labelled 0, 100k, 1M, 10M.
+func rowTicks(stages []Stage) plot.ConstantTicks {
+	var ticks plot.ConstantTicks
+	for _, s := range stages {
+		ticks = append(ticks, plot.Tick{Value: float64(s.TableRows + 1), Label: formatRows(s.TableRows)})
+	}
+	return ticks
+}
+
+// formatRows renders a row count to two significant digits: 2.5k, 1M, 10M.
+func formatRows(n int64) string {
+	v := float64(n)
+	for _, u := range []struct {
+		div    float64
+		suffix string
+	}{{1e9, "G"}, {1e6, "M"}, {1e3, "k"}} {
+		if v >= u.div {
+			return strconv.FormatFloat(roundSig(v/u.div), 'f', -1, 64) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// roundSig rounds to two significant digits.
+func roundSig(v float64) float64 {
+	if v >= 10 {
+		return math.Round(v)
+	}
+	return math.Round(v*10) / 10
 }
 
 func (c config) describe() map[string]string {
