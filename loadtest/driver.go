@@ -81,13 +81,15 @@ type measurement struct {
 }
 
 // run drives path for d with cfg.concurrency clients, closed loop or at
-// cfg.rate, and prints a live line to progress when it is not nil.
-func (dr *driver) run(ctx context.Context, path string, d time.Duration, progress io.Writer, label string) measurement {
+// cfg.rate, and prints a live line to progress when it is not nil. A share
+// of the requests, replayShare, retries keys the run used before; 1 sends
+// nothing but replays.
+func (dr *driver) run(ctx context.Context, path string, replayShare float64, d time.Duration, progress io.Writer, label string) measurement {
 	// The run's end stops new requests; those in flight finish with ctx,
 	// so the server sees no cancelled request at a stage boundary.
 	runCtx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	replays := idempotentPaths[path] && dr.cfg.replayFraction > 0
+	replays := idempotentPaths[path] && replayShare > 0
 
 	// Open loop: a ticker hands out intended start times, and latency counts
 	// from them, so a slow server cannot hide its queueing (no coordinated
@@ -154,7 +156,7 @@ func (dr *driver) run(ctx context.Context, path string, d time.Duration, progres
 				if runCtx.Err() != nil {
 					return
 				}
-				s := dr.one(ctx, path, rng, replays, intended)
+				s := dr.one(ctx, path, rng, replays, replayShare, intended)
 				if ctx.Err() != nil && s.status == 0 {
 					return // the whole load test was interrupted
 				}
@@ -177,10 +179,10 @@ func (dr *driver) run(ctx context.Context, path string, d time.Duration, progres
 }
 
 // one sends one request.
-func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays bool, intended time.Time) sample {
+func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays bool, replayShare float64, intended time.Time) sample {
 	var req sent
 	replay := false
-	if replays && rng.Float64() < dr.cfg.replayFraction {
+	if replays && rng.Float64() < replayShare {
 		dr.mu.Lock()
 		if used := dr.used[path]; len(used) > 0 {
 			req, replay = used[rng.IntN(len(used))], true

@@ -60,7 +60,14 @@ func TestSmoke(t *testing.T) {
 		require.Positive(t, s.ClaimP99, "Server-Timing was read")
 		require.Positive(t, s.OutboxCompletedPerSec, "the outbox workers charged payments")
 		require.Empty(t, s.Errors)
+		require.Positive(t, s.Updates, "the completions were counted")
+		require.Positive(t, s.ReplayOnlyRPS, "the replays-alone run ran")
+		require.Positive(t, s.ReplayToNewRPS)
 	}
+	require.NotNil(t, res.CPUProfile, "notes: %v", res.Notes)
+	require.Positive(t, res.CPUProfile.CPUSeconds)
+	require.Positive(t, res.CPUProfile.CPUPerRequestMs)
+	require.NotEmpty(t, res.CPUProfile.ByArea)
 	require.Positive(t, res.BaselineRPS)
 	require.Positive(t, res.PeerRPS, "the Redis-claim peer ran")
 	require.Positive(t, res.OverheadRatio)
@@ -75,12 +82,13 @@ func TestSmoke(t *testing.T) {
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
 	for _, k := range []string{"stages", "baseline_rps", "peer_redis_claim_rps", "ours_to_peer_ratio", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
-		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds", "api_log_errors"} {
+		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds", "api_log_errors", "cpu_profile"} {
 		require.Contains(t, fields, k)
 	}
 	stage := fields["stages"].([]any)[0].(map[string]any)
 	for _, k := range []string{"table_rows", "table_bytes", "index_bytes", "rps", "request_p50_ms", "request_p99_ms",
-		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds"} {
+		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds",
+		"updates", "hot_updates", "hot_ratio", "replay_only_rps", "replay_only_p99_ms", "replay_to_new_rps", "replay_to_new_p99"} {
 		require.Contains(t, stage, k)
 	}
 	for _, f := range []string{"report.md", "latency.png"} {

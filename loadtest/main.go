@@ -71,6 +71,7 @@ type config struct {
 	metricsAddr     string // the started API's metrics and pprof listener
 	dbMaxConns      int    // the started API's DB_MAX_CONNS
 	replot          string // redraw this directory's report from its results.json
+	profile         bool   // capture the started API's CPU profile in the first stage
 }
 
 // adminConns is the load test's own pool: one connection loads, one reads
@@ -101,7 +102,8 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.pgbenchDuration, "pgbench-duration", 0, "pgbench run length (default: -duration)")
 	fs.IntVar(&c.responseBytes, "response-bytes", 250, "stored response size of bulk-loaded rows")
 	fs.IntVar(&c.dbMaxConns, "db-max-conns", 0, "DB_MAX_CONNS of the API it starts (default: the larger of 32 and twice -concurrency)")
-	fs.StringVar(&c.metricsAddr, "metrics-addr", "off", "metrics and pprof listener of the API it starts, e.g. 127.0.0.1:6060 to profile it under load")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "off", "metrics and pprof listener of the API it starts, e.g. 127.0.0.1:6060 (with -profile, a free loopback port when off)")
+	fs.BoolVar(&c.profile, "profile", true, "capture the API's CPU profile during the first stage (cpu.pprof; where the CPU goes in report.md)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

@@ -69,6 +69,13 @@ func report(res *Results) string {
 			humanCount(s.TableRows), humanBytes(s.TableBytes), humanBytes(s.IndexBytes), s.LoadSeconds, s.RPS,
 			s.RequestP50, s.RequestP99, s.RequestP999, s.ClaimP50, s.ClaimP99, s.ReplayP99, s.Replays, errorsString(s.Errors))
 	}
+	b.WriteString("\n## Completions and replays\n\n")
+	b.WriteString("HOT: the completion's UPDATE of idempotency_keys touched no index and stayed on its page. Replays alone: a run of nothing but retries of keys the stage stored, right after it.\n\n")
+	b.WriteString("| table rows | completions | HOT | HOT ratio | replays alone req/s | p50 | p99 | replay/new req/s | replay/new p99 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range res.Stages {
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f | %.2f ms | %.2f ms | **%.2f** | **%.2f** |\n", humanCount(s.TableRows), s.Updates, s.HotUpdates, 100*s.HotRatio,
+			s.ReplayOnlyRPS, s.ReplayOnlyP50, s.ReplayOnlyP99, s.ReplayToNewRPS, s.ReplayToNewP99)
+	}
 	if n := len(res.Stages); n > 1 && res.Stages[0].ClaimP99 > 0 {
 		fmt.Fprintf(&b, "\nClaim p99 at %s rows is %.2fx claim p99 at %s rows.\n", humanCount(res.Stages[n-1].TableRows),
 			res.Stages[n-1].ClaimP99/res.Stages[0].ClaimP99, humanCount(res.Stages[0].TableRows))
@@ -95,6 +102,18 @@ func report(res *Results) string {
 		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %.2f s |\n", humanCount(s.TableRows), s.RPS, s.OutboxCompletedPerSec, s.OutboxBacklog, s.OutboxLagSeconds)
 	}
 	fmt.Fprintf(&b, "\nThe outbox was empty %.1f s after the last stage. The job insert's cost to the database is the pgbench pair above; `go test -bench Outbox ./internal/payments` measures it for the payment write alone (docs/external-effects.md).\n", res.OutboxDrainSeconds)
+	if p := res.CPUProfile; p != nil {
+		fmt.Fprintf(&b, "\n## Where the API's CPU goes\n\nA %.0f s CPU profile of the API during the first stage's measured run (cpu.pprof): %.1f s of CPU, **%.2f ms of CPU per request**.\n\n", p.Seconds, p.CPUSeconds, p.CPUPerRequestMs)
+		b.WriteString("| area | share of CPU |\n|---|---:|\n")
+		for _, a := range profileAreas(p) {
+			fmt.Fprintf(&b, "| %s | %.1f %% |\n", a, p.ByArea[a])
+		}
+		b.WriteString("\nThe functions with the most CPU of their own (`go tool pprof -top cpu.pprof`):\n\n```\n")
+		for _, l := range p.Top {
+			b.WriteString(l + "\n")
+		}
+		b.WriteString("```\n")
+	}
 	b.WriteString("\n## PostgreSQL settings\n\n")
 	for _, k := range sortedKeys(res.PostgresSettings) {
 		fmt.Fprintf(&b, "- `%s` = %s\n", k, res.PostgresSettings[k])

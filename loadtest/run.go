@@ -47,6 +47,19 @@ type Stage struct {
 	OutboxCompletedPerSec float64 `json:"outbox_completed_per_sec"`
 	OutboxBacklog         int64   `json:"outbox_backlog"`
 	OutboxLagSeconds      float64 `json:"outbox_lag_seconds"`
+	// Updates of idempotency_keys during the measured run (the completions),
+	// and how many of them were HOT: no index touched, the new version on
+	// the same page.
+	Updates    int64   `json:"updates"`
+	HotUpdates int64   `json:"hot_updates"`
+	HotRatio   float64 `json:"hot_ratio"`
+	// A run of nothing but replays of keys this run stored, right after the
+	// measured run, and how it compares with it.
+	ReplayOnlyRPS  float64 `json:"replay_only_rps"`
+	ReplayOnlyP50  float64 `json:"replay_only_p50_ms"`
+	ReplayOnlyP99  float64 `json:"replay_only_p99_ms"`
+	ReplayToNewRPS float64 `json:"replay_to_new_rps"`
+	ReplayToNewP99 float64 `json:"replay_to_new_p99"`
 }
 
 // Results is results.json.
@@ -79,6 +92,9 @@ type Results struct {
 	// OutboxDrainSeconds is how long the outbox took, after the last stage,
 	// to complete every job the run inserted.
 	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
+	// CPUProfile is the API's CPU during the first stage's measured run
+	// (when the load test started the API itself).
+	CPUProfile *CPUProfile `json:"cpu_profile,omitempty"`
 }
 
 // run performs a whole load test and writes its outputs.
@@ -130,6 +146,13 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	}
 
 	apiURL := cfg.apiURL
+	profile := cfg.profile && apiURL == ""
+	if profile && cfg.metricsAddr == "off" {
+		// pprof is served on the metrics listener: give it a port.
+		if cfg.metricsAddr, err = freeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+	}
 	if apiURL == "" {
 		stop, u, err := startAPI(ctx, cfg, progress)
 		if err != nil {
@@ -143,7 +166,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	// Every measured run starts with the outbox empty, so no design pays for
 	// the charges of the warm-up or of the design measured before it.
 	warmUp := func(path, label string) error {
-		driver.run(ctx, path, cfg.warmup, nil, label)
+		driver.run(ctx, path, cfg.replayFraction, cfg.warmup, nil, label)
 		return outboxDrain(ctx, admin, 5*time.Minute)
 	}
 
@@ -166,10 +189,30 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err != nil {
 			return nil, err
 		}
-		m := driver.run(ctx, "/v1/payments", cfg.duration, progress, label)
+		updBefore, hotBefore, err := updateCounters(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
+		var profiled chan profileResult
+		if profile && i == 0 {
+			profiled = make(chan profileResult, 1)
+			go func() {
+				path, err := captureProfile(ctx, cfg.metricsAddr, profileLength(cfg.duration), cfg.out)
+				profiled <- profileResult{path, err}
+			}()
+		}
+		m := driver.run(ctx, "/v1/payments", cfg.replayFraction, cfg.duration, progress, label)
 		st, err := tableStats(ctx, admin)
 		if err != nil {
 			return nil, err
+		}
+		updAfter, hotAfter, err := updateCounters(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
+		st.Updates, st.HotUpdates = updAfter-updBefore, hotAfter-hotBefore
+		if st.Updates > 0 {
+			st.HotRatio = float64(st.HotUpdates) / float64(st.Updates)
 		}
 		if err := outboxStats(ctx, admin, &st, completedBefore, cfg.duration); err != nil {
 			return nil, err
@@ -180,8 +223,29 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		st.TableRowsEnd, st.TableRows = st.TableRows, startRows
 		st.LoadSeconds = loadSeconds
 		m.fill(&st, cfg.duration)
+		if profiled != nil {
+			r := <-profiled
+			if r.err == nil {
+				res.CPUProfile, r.err = summarizeProfile(ctx, r.path, profileLength(cfg.duration), st.RPS*profileLength(cfg.duration).Seconds())
+			}
+			if r.err != nil {
+				res.Notes = append(res.Notes, fmt.Sprintf("no CPU profile: %v", r.err))
+			}
+		}
+		// Replays alone: the stored answers of this run's keys, read back.
+		rm := driver.run(ctx, "/v1/payments", 1, cfg.duration, progress, label+" replays")
+		var rs Stage
+		rm.fill(&rs, cfg.duration)
+		st.ReplayOnlyRPS, st.ReplayOnlyP50, st.ReplayOnlyP99 = rs.RPS, rs.RequestP50, rs.RequestP99
+		if st.RPS > 0 && st.RequestP99 > 0 {
+			st.ReplayToNewRPS, st.ReplayToNewP99 = rs.RPS/st.RPS, rs.RequestP99/st.RequestP99
+		}
+		for k, v := range rs.Errors {
+			st.Errors["replay "+k] += v
+		}
 		res.Stages = append(res.Stages, st)
-		fmt.Fprintf(progress, "\r%s: %.0f req/s, request p99 %.2f ms, claim p99 %.2f ms, errors %v\n", label, st.RPS, st.RequestP99, st.ClaimP99, st.Errors)
+		fmt.Fprintf(progress, "\r%s: %.0f req/s, request p99 %.2f ms, claim p99 %.2f ms, HOT %.0f%%, replays alone %.0f req/s (p99 %.2f ms), errors %v\n",
+			label, st.RPS, st.RequestP99, st.ClaimP99, 100*st.HotRatio, st.ReplayOnlyRPS, st.ReplayOnlyP99, st.Errors)
 
 		if i > 0 {
 			continue
@@ -193,7 +257,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			if err := warmUp("/benchmark/payments-without-idempotency", "baseline warm-up"); err != nil {
 				return nil, err
 			}
-			b := driver.run(ctx, "/benchmark/payments-without-idempotency", cfg.duration, progress, "baseline (no idempotency)")
+			b := driver.run(ctx, "/benchmark/payments-without-idempotency", 0, cfg.duration, progress, "baseline (no idempotency)")
 			var bs Stage
 			b.fill(&bs, cfg.duration)
 			if bs.Requests == 0 || len(bs.Errors) > 0 {
@@ -207,7 +271,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			if err := warmUp(redisPeerPath, "peer warm-up"); err != nil {
 				return nil, err
 			}
-			p := driver.run(ctx, redisPeerPath, cfg.duration, progress, "peer (claim in Redis)")
+			p := driver.run(ctx, redisPeerPath, cfg.replayFraction, cfg.duration, progress, "peer (claim in Redis)")
 			var ps Stage
 			p.fill(&ps, cfg.duration)
 			if ps.Requests == 0 || len(ps.Errors) > 0 {
@@ -254,6 +318,28 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	return res, nil
+}
+
+// profileResult is a captured CPU profile's file.
+type profileResult struct {
+	path string
+	err  error
+}
+
+// profileLength covers the measured run but its last second, so the profile
+// holds nothing of what follows.
+func profileLength(d time.Duration) time.Duration {
+	return max(time.Second, d-time.Second).Truncate(time.Second)
+}
+
+// freeLoopbackAddr is a loopback address with a port free right now.
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 // outboxCompleted counts completed outbox jobs.
