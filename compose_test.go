@@ -89,7 +89,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	exported := []string{
 		"idempotency_claim_duration_seconds_bucket", "idempotency_keys_rows", "idempotency_keys_bytes",
 		"idempotency_requests_total", "idempotency_sweeper_deleted_rows_total", "idempotency_sweeper_last_run_timestamp_seconds",
-		"idempotency_oldest_live_key_age_seconds", "idempotency_oldest_in_progress_age_seconds", "idempotency_in_progress_rows",
+		"idempotency_oldest_live_key_age_seconds",
 		"http_server_request_duration_seconds_bucket",
 	}
 	var queries []string

@@ -116,7 +116,7 @@ func seconds(v, unit string) float64 {
 
 // summarizeProfile reads a CPU profile with go tool pprof.
 func summarizeProfile(ctx context.Context, path string, d time.Duration, requests float64) (*CPUProfile, error) {
-	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=100000", path).Output()
+	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=100000", "-nodefraction=0", "-edgefraction=0", path).Output()
 	if err != nil {
 		return nil, fmt.Errorf("go tool pprof: %w", err)
 	}

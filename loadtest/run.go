@@ -232,7 +232,12 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 				res.Notes = append(res.Notes, fmt.Sprintf("no CPU profile: %v", r.err))
 			}
 		}
-		// Replays alone: the stored answers of this run's keys, read back.
+		// Replays alone: the stored answers of this run's keys, read back,
+		// once the outbox workers have finished the stage's charges, so the
+		// replays do not share the machine with them.
+		if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
+			return nil, err
+		}
 		rm := driver.run(ctx, "/v1/payments", 1, cfg.duration, progress, label+" replays")
 		var rs Stage
 		rm.fill(&rs, cfg.duration)

@@ -403,7 +403,7 @@ func metricsMux(tel *telemetry.Telemetry, withPprof bool) http.Handler {
 }
 
 // sweep deletes expired keys once, for operators and cron, and reports what
-// it did and what in-progress claims it saw.
+// it did.
 func sweep(ctx context.Context, cfg config.Config, stdout io.Writer) error {
 	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {
@@ -418,15 +418,7 @@ func sweep(ctx context.Context, cfg config.Config, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	stale, err := idempotency.InProgress(ctx, maint)
-	if err != nil {
-		return err
-	}
-	return json.NewEncoder(stdout).Encode(map[string]any{
-		"deleted":                        deleted,
-		"in_progress":                    stale.Count,
-		"oldest_in_progress_age_seconds": stale.OldestAge.Seconds(),
-	})
+	return json.NewEncoder(stdout).Encode(map[string]any{"deleted": deleted})
 }
 
 // keys runs the key subcommands as the owner role: the service role cannot

@@ -197,7 +197,7 @@ func TestIdempotencyMetrics(t *testing.T) {
 	require.Equal(t, map[string]int64{"claimed": 2, "replayed": 1, "mismatch": 1}, counts)
 	require.EqualValues(t, 4, claims)
 	for _, g := range []string{"idempotency_keys_rows", "idempotency_keys_bytes", "idempotency_oldest_live_key_age_seconds",
-		"idempotency_in_progress_rows", "idempotency_oldest_in_progress_age_seconds", "idempotency_sweeper_last_run_timestamp"} {
+		"idempotency_sweeper_last_run_timestamp"} {
 		require.True(t, gauges[g], "gauge %s missing", g)
 	}
 }

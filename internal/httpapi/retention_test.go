@@ -149,3 +149,26 @@ func TestLargeResponsesAreStoredAsReferences(t *testing.T) {
 	require.Equal(t, "true", refundReplay.Header.Get("Idempotent-Replayed"))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`))
 }
+
+// Late retries of one expired key race each other: one takes the row over
+// and executes, the others wait for it and replay its answer.
+func TestLateRetriesRacingEachOther(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxConns = 8 })
+	k := b.newKey(t, "acme", allScopes...)
+	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", k.Secret, "late", paymentBody).Status)
+	b.expire(t, "late")
+
+	const n = 8
+	got := make([]response, n)
+	concurrently(n, func(i int) { got[i] = b.post(t, "/v1/payments", k.Secret, "late", paymentBody) })
+	executed := 0
+	for i, r := range got {
+		require.Equal(t, http.StatusCreated, r.Status, "retry %d: %s", i, r.Body)
+		if r.Header.Get("Idempotent-Replayed") == "" {
+			executed++
+		}
+	}
+	require.Equal(t, 1, executed, "exactly one late retry executes")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM payments`))
+}

@@ -167,12 +167,15 @@ const maxClaimAttempts = 3
 // Do runs op under req's key in one transaction, or replays the response an
 // earlier attempt stored:
 //
-//  1. claim the key with one INSERT ... ON CONFLICT (waiting for a concurrent
-//     attempt with the same key, if there is one);
+//  1. claim the key with one INSERT ... ON CONFLICT DO NOTHING (waiting for
+//     a concurrent attempt with the same key, if there is one);
 //  2. if the claim succeeded: execute, store the response on the claimed
 //     row, commit once;
-//  3. if not: read the stored row; a different fingerprint is ErrKeyReused,
-//     the same one is replayed after op.Reauthorize.
+//  3. if not: read the stored row without locking it; a different
+//     fingerprint is ErrKeyReused, the same one is replayed after
+//     op.Reauthorize, and the transaction writes nothing;
+//  4. if the row is past its window: take it over (one UPDATE that re-checks
+//     expires_at) and continue as in 2.
 //
 // Any error rolls the whole transaction back, claim included.
 //
@@ -220,26 +223,7 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (res Resul
 				return fmt.Errorf("claim key: %w", database.Classify(err))
 			}
 			if claimed {
-				out, err := op.Execute(ctx, tx)
-				if err != nil {
-					return err
-				}
-				state := StateCompleted
-				if out.Failed {
-					state = StateFailed
-				}
-				ref := ""
-				if e.cfg.MaxStoredResponseBytes > 0 && len(out.Body) > e.cfg.MaxStoredResponseBytes {
-					if out.ResourceRef == "" || op.Rederive == nil {
-						return errResponseTooLarge
-					}
-					ref = out.ResourceRef
-				}
-				if err := complete(ctx, tx, req.Scope, state, out.Response, ref); err != nil {
-					return fmt.Errorf("store response: %w", database.Classify(err))
-				}
-				res.Response, res.OriginalRequestID = out.Response, req.RequestID
-				return nil
+				return e.execute(ctx, tx, req, op, &res)
 			}
 
 			rec, found, err := lookup(ctx, tx, req.Scope)
@@ -251,7 +235,20 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (res Resul
 				return ErrQuotaExceeded
 			}
 			if !found {
-				continue
+				// Expired, or deleted since the claim: take an expired row
+				// over; if there is none any more, claim again.
+				taken, err := takeOver(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, traceParent, e.cfg.Retention)
+				if database.IsLockTimeout(err) {
+					outcome = OutcomeConflict
+					return ErrRequestInProgress
+				}
+				if err != nil {
+					return fmt.Errorf("take over expired key: %w", database.Classify(err))
+				}
+				if !taken {
+					continue
+				}
+				return e.execute(ctx, tx, req, op, &res)
 			}
 			if !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
 				outcome = OutcomeMismatch
@@ -294,6 +291,31 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (res Resul
 		}
 	}
 	return res, nil
+}
+
+// execute runs op in the transaction that owns the key and stores its
+// outcome on the claimed row.
+func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, op Operation, res *Result) error {
+	out, err := op.Execute(ctx, tx)
+	if err != nil {
+		return err
+	}
+	state := StateCompleted
+	if out.Failed {
+		state = StateFailed
+	}
+	ref := ""
+	if e.cfg.MaxStoredResponseBytes > 0 && len(out.Body) > e.cfg.MaxStoredResponseBytes {
+		if out.ResourceRef == "" || op.Rederive == nil {
+			return errResponseTooLarge
+		}
+		ref = out.ResourceRef
+	}
+	if err := complete(ctx, tx, req.Scope, state, out.Response, ref); err != nil {
+		return fmt.Errorf("store response: %w", database.Classify(err))
+	}
+	res.Response, res.OriginalRequestID = out.Response, req.RequestID
+	return nil
 }
 
 // formatTraceParent renders sc as a W3C traceparent header value, or ""

@@ -19,10 +19,6 @@ import (
 //   - the oldest live key is the first entry past now() in the expires_at
 //     index (expires_at = created_at + retention, so it is the oldest live
 //     created_at), one index probe and one heap fetch;
-//   - in-progress rows come from the partial index on state = 'in_progress',
-//     whose entries are all dead in normal operation (each claim's row leaves
-//     it when its outcome is stored); the first scan marks them killed, so
-//     later scans skip them, and vacuum removes them.
 //
 // reltuples is -1 for a table never analyzed (a new one, before autovacuum's
 // first ANALYZE): then the rows are counted, up to 100,000, so the gauge is
@@ -34,15 +30,11 @@ SELECT
      FROM pg_class WHERE oid = 'idempotency_keys'::regclass),
     pg_total_relation_size('idempotency_keys'::regclass),
     coalesce((SELECT extract(epoch FROM now() - created_at)::float8 FROM idempotency_keys
-              WHERE expires_at > now() ORDER BY expires_at LIMIT 1), 0),
-    (SELECT count(*) FROM idempotency_keys WHERE state = 'in_progress'),
-    coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM idempotency_keys
-              WHERE state = 'in_progress'), 0)`
+              WHERE expires_at > now() ORDER BY expires_at LIMIT 1), 0)`
 
 type storeStats struct {
-	rows, bytes, inProgress int64
-	oldestLiveAge           float64
-	oldestInProgressAge     float64
+	rows, bytes   int64
+	oldestLiveAge float64
 }
 
 // storeGauges caches storeStats so that any number of scrapers, at any
@@ -68,7 +60,7 @@ func (g *storeGauges) get(ctx context.Context) (storeStats, bool) {
 	defer cancel()
 	var s storeStats
 	err := g.pool.WithConn(qctx, func(c database.DBTX) error {
-		return c.QueryRow(qctx, storeStatsSQL).Scan(&s.rows, &s.bytes, &s.oldestLiveAge, &s.inProgress, &s.oldestInProgressAge)
+		return c.QueryRow(qctx, storeStatsSQL).Scan(&s.rows, &s.bytes, &s.oldestLiveAge)
 	})
 	// On error the gauges are left out of the scrape rather than showing
 	// stale numbers as if they were current.
@@ -79,9 +71,13 @@ func (g *storeGauges) get(ctx context.Context) (storeStats, bool) {
 // RegisterStoreMetrics exports the key store's health as gauges, read
 // through pool (the maintenance role, which may see every tenant's
 // timestamps) and cached for ttl:
-// idempotency_keys_rows, idempotency_keys_bytes,
-// idempotency_oldest_live_key_age_seconds, idempotency_in_progress_rows and
-// idempotency_oldest_in_progress_age_seconds.
+// idempotency_keys_rows, idempotency_keys_bytes and
+// idempotency_oldest_live_key_age_seconds.
+//
+// There is no gauge of committed in_progress rows: a claim commits together
+// with its outcome, so there are none, and counting them would need the
+// partial index on state that kept every completion from being a HOT update
+// (migrations/000008_hot_completion.up.sql).
 func RegisterStoreMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Duration) error {
 	m := mp.Meter(instrumentationName)
 	g := &storeGauges{pool: pool, ttl: ttl}
@@ -91,11 +87,7 @@ func RegisterStoreMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time
 		metric.WithDescription("Bytes of idempotency_keys, its indexes and TOAST included."))
 	oldest, err3 := m.Float64ObservableGauge("idempotency_oldest_live_key_age_seconds",
 		metric.WithDescription("Age of the oldest key not yet expired; about the retention period in steady state."))
-	inProg, err4 := m.Int64ObservableGauge("idempotency_in_progress_rows",
-		metric.WithDescription("Committed rows in state in_progress; 0 unless a claim was committed without its outcome."))
-	inProgAge, err5 := m.Float64ObservableGauge("idempotency_oldest_in_progress_age_seconds",
-		metric.WithDescription("Age of the oldest in_progress row; 0 when there is none."))
-	for _, err := range []error{err1, err2, err3, err4, err5} {
+	for _, err := range []error{err1, err2, err3} {
 		if err != nil {
 			return fmt.Errorf("store gauges: %w", err)
 		}
@@ -108,10 +100,8 @@ func RegisterStoreMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time
 		o.ObserveInt64(rows, s.rows)
 		o.ObserveInt64(size, s.bytes)
 		o.ObserveFloat64(oldest, s.oldestLiveAge)
-		o.ObserveInt64(inProg, s.inProgress)
-		o.ObserveFloat64(inProgAge, s.oldestInProgressAge)
 		return nil
-	}, rows, size, oldest, inProg, inProgAge)
+	}, rows, size, oldest)
 	if err != nil {
 		return fmt.Errorf("store gauges callback: %w", err)
 	}

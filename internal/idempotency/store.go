@@ -46,41 +46,28 @@ type record struct {
 // makes this statement wait on the primary key until that transaction ends
 // (bounded by lock_timeout).
 //
-// A conflicting row past its expires_at is outside the published window and
-// counts as absent: DO UPDATE takes it over in this same statement, atomically,
-// so a late retry executes as a new request and never replays a response
-// outside the promise. The sweeper locks rows before deleting them (SKIP
-// LOCKED) and re-checks expires_at, so it never deletes a row taken over here.
-// For a live row the WHERE is false and nothing comes back, as with DO
-// NOTHING, except that the row stays locked (FOR UPDATE) until the
-// transaction ends: a replay's transaction is short, and the lock is what
-// keeps the sweeper away.
+// On a conflict DO NOTHING does nothing at all: no row lock, no transaction
+// id, no WAL. So a replay, which is a conflict followed by lookup, is a
+// read-only transaction, and its COMMIT waits for no WAL flush. (DO UPDATE
+// with a false WHERE would lock the row, which needs a transaction id and a
+// WAL record, and made every replay pay a write's commit.)
 //
 // $7 is false when the principal is over its key quota: then no row is
 // offered for insertion at all, and the caller can still replay an existing
 // key but not create one.
 const claimSQL = `
-INSERT INTO idempotency_keys AS k
+INSERT INTO idempotency_keys
     (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at)
 SELECT $1, $2, $3, 'in_progress', $4, $5, $8, now() + $6 * interval '1 millisecond'
 WHERE $7
-ON CONFLICT (principal_id, endpoint, key) DO UPDATE
-    SET state = 'in_progress', fingerprint = EXCLUDED.fingerprint,
-        response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
-        correlation_id = EXCLUDED.correlation_id, trace_parent = EXCLUDED.trace_parent,
-        created_at = now(), expires_at = EXCLUDED.expires_at
-    WHERE k.expires_at < now()
+ON CONFLICT (principal_id, endpoint, key) DO NOTHING
 RETURNING created_at`
 
 // claim tries to take the key. It reports whether this transaction now owns
 // it.
 func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, allowNew bool) (bool, error) {
 	var createdAt time.Time
-	var tp *string
-	if traceParent != "" {
-		tp = &traceParent
-	}
-	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew, tp).Scan(&createdAt)
+	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew, nullIfEmpty(traceParent)).Scan(&createdAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -90,16 +77,60 @@ func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestI
 	return true, nil
 }
 
-// lookup reads the record that made a claim conflict. Under READ COMMITTED
-// this statement takes a new snapshot, so it sees the row of the transaction
-// the claim waited for. It can find nothing when that row was removed since
-// (a sweeper deleting an expired row).
+// takeOverSQL claims a key whose row is past its expires_at: outside the
+// published window the key counts as absent, so a late retry executes as a
+// new request and never replays a response outside the promise. It is a
+// write, and only a late retry pays it.
 //
-// A row past its expires_at is outside the published window and counts as
-// absent here too, as in the claim: an over-quota claim offers no row, so it
-// does not take an expired one over, and without this filter its stored
-// response would be replayed past the window. now() is the transaction's
-// start, the same instant the claim compared with.
+// It is atomic against everything that can race it:
+//   - another attempt taking the same row over: the second UPDATE waits for
+//     the first one's row lock, then re-checks expires_at on the new
+//     version, finds it live and updates nothing;
+//   - the sweeper: it locks rows before deleting them (SKIP LOCKED) and
+//     re-checks expires_at, so it never deletes a row taken over here; a
+//     row it deleted first is gone, this updates nothing, and the caller's
+//     next INSERT creates the key afresh.
+//
+// now() is the transaction's start, the same instant lookup compared with.
+const takeOverSQL = `
+UPDATE idempotency_keys
+SET state = 'in_progress', fingerprint = $4,
+    response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
+    correlation_id = $5, trace_parent = $7, created_at = now(), expires_at = now() + $6 * interval '1 millisecond'
+WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at < now()
+RETURNING created_at`
+
+// takeOver claims s's expired row. It reports whether this transaction now
+// owns the key; false means there was no expired row to take (any more).
+func takeOver(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration) (bool, error) {
+	var createdAt time.Time
+	err := tx.QueryRow(ctx, takeOverSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), nullIfEmpty(traceParent)).Scan(&createdAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// nullIfEmpty stores "" as NULL.
+func nullIfEmpty(v string) *string {
+	if v == "" {
+		return nil
+	}
+	return &v
+}
+
+// lookup reads the record that made a claim conflict, without locking it.
+// Under READ COMMITTED this statement takes a new snapshot, so it sees the
+// row of the transaction the claim waited for. It finds nothing when that
+// row was removed since (a sweeper deleting an expired row), or when the row
+// is past its expires_at: outside the published window a key counts as
+// absent, and the caller takes it over (takeOver) instead of replaying it.
+//
+// No lock is needed to replay: the row is live, the sweeper deletes only
+// expired rows, and this statement's snapshot already holds the response.
 func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
 	var r record
 	var status *int16

@@ -179,29 +179,3 @@ func (s *Sweeper) Run(ctx context.Context, interval time.Duration, onError func(
 		}
 	}
 }
-
-// StaleClaims describes committed in_progress rows. In this service a claim
-// commits together with its outcome, so Count should always be 0; a non-zero
-// count means an endpoint commits claims before finishing its work, and
-// OldestAge says how long the oldest has been waiting.
-type StaleClaims struct {
-	Count     int64
-	OldestAge time.Duration
-}
-
-// InProgress reads StaleClaims through the partial index on in_progress
-// rows, without scanning the table.
-func InProgress(ctx context.Context, pool *database.Pool) (StaleClaims, error) {
-	var sc StaleClaims
-	var ageSeconds float64
-	err := pool.WithConn(ctx, func(c database.DBTX) error {
-		return c.QueryRow(ctx, `
-			SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-			FROM idempotency_keys WHERE state = 'in_progress'`).Scan(&sc.Count, &ageSeconds)
-	})
-	if err != nil {
-		return StaleClaims{}, fmt.Errorf("count in-progress keys: %w", database.Classify(err))
-	}
-	sc.OldestAge = time.Duration(ageSeconds * float64(time.Second))
-	return sc, nil
-}

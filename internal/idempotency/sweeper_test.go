@@ -128,21 +128,3 @@ func TestSweeperRoleCannotDeleteLiveRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 100, b.count(t, "true"))
 }
-
-func TestInProgressReportsStaleClaims(t *testing.T) {
-	t.Parallel()
-	b := setupSweep(t, 1000)
-	ctx := context.Background()
-	sc, err := idempotency.InProgress(ctx, b.maint)
-	require.NoError(t, err)
-	require.Zero(t, sc.Count)
-
-	_, err = b.admin.Exec(ctx, `
-		INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, created_at, expires_at)
-		VALUES (gen_random_uuid(), 'POST /v1/payments', 'stuck', 'in_progress', sha256(''), 'req', now() - interval '90 seconds', now() + interval '1 day')`)
-	require.NoError(t, err)
-	sc, err = idempotency.InProgress(ctx, b.maint)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, sc.Count)
-	require.InDelta(t, 90, sc.OldestAge.Seconds(), 30)
-}
