@@ -63,6 +63,7 @@ func TestSmoke(t *testing.T) {
 		require.Positive(t, s.Updates, "the completions were counted")
 		require.Positive(t, s.ReplayOnlyRPS, "the replays-alone run ran")
 		require.Positive(t, s.ReplayToNewRPS)
+		require.Positive(t, s.WALBytesPerRequest, "new payments write WAL")
 	}
 	require.NotNil(t, res.CPUProfile, "notes: %v", res.Notes)
 	require.Positive(t, res.CPUProfile.CPUSeconds)
@@ -88,7 +89,7 @@ func TestSmoke(t *testing.T) {
 	stage := fields["stages"].([]any)[0].(map[string]any)
 	for _, k := range []string{"table_rows", "table_bytes", "index_bytes", "rps", "request_p50_ms", "request_p99_ms",
 		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds",
-		"updates", "hot_updates", "hot_ratio", "replay_only_rps", "replay_only_p99_ms", "replay_to_new_rps", "replay_to_new_p99"} {
+		"updates", "hot_updates", "hot_ratio", "wal_bytes_per_request", "replay_wal_bytes_per_request", "replay_only_rps", "replay_only_p99_ms", "replay_to_new_rps", "replay_to_new_p99"} {
 		require.Contains(t, stage, k)
 	}
 	for _, f := range []string{"report.md", "latency.png"} {

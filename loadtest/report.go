@@ -33,6 +33,11 @@ func replot(dir string) error {
 	if err := json.Unmarshal(raw, &res); err != nil {
 		return fmt.Errorf("%s/results.json: %w", dir, err)
 	}
+	if res.CPUProfile != nil {
+		if err := resummarize(context.Background(), dir, res.CPUProfile); err != nil {
+			return err
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(report(&res)), 0o644); err != nil {
 		return err
 	}
@@ -71,10 +76,10 @@ func report(res *Results) string {
 	}
 	b.WriteString("\n## Completions and replays\n\n")
 	b.WriteString("HOT: the completion's UPDATE of idempotency_keys touched no index and stayed on its page. Replays alone: a run of nothing but retries of keys the stage stored, right after it.\n\n")
-	b.WriteString("| table rows | completions | HOT | HOT ratio | replays alone req/s | p50 | p99 | replay/new req/s | replay/new p99 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| table rows | completions | HOT | HOT ratio | WAL per request | replays alone req/s | p50 | p99 | WAL per replay | replay/new req/s | replay/new p99 |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range res.Stages {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f | %.2f ms | %.2f ms | **%.2f** | **%.2f** |\n", humanCount(s.TableRows), s.Updates, s.HotUpdates, 100*s.HotRatio,
-			s.ReplayOnlyRPS, s.ReplayOnlyP50, s.ReplayOnlyP99, s.ReplayToNewRPS, s.ReplayToNewP99)
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %.0f B | %.0f | %.2f ms | %.2f ms | %.0f B | **%.2f** | **%.2f** |\n", humanCount(s.TableRows), s.Updates, s.HotUpdates, 100*s.HotRatio,
+			s.WALBytesPerRequest, s.ReplayOnlyRPS, s.ReplayOnlyP50, s.ReplayOnlyP99, s.ReplayWALBytesPerRequest, s.ReplayToNewRPS, s.ReplayToNewP99)
 	}
 	if n := len(res.Stages); n > 1 && res.Stages[0].ClaimP99 > 0 {
 		fmt.Fprintf(&b, "\nClaim p99 at %s rows is %.2fx claim p99 at %s rows.\n", humanCount(res.Stages[n-1].TableRows),

@@ -60,6 +60,11 @@ type Stage struct {
 	ReplayOnlyP99  float64 `json:"replay_only_p99_ms"`
 	ReplayToNewRPS float64 `json:"replay_to_new_rps"`
 	ReplayToNewP99 float64 `json:"replay_to_new_p99"`
+	// WAL the whole database wrote per request, during the measured run and
+	// during the replays-alone run: what each costs the log, and so the
+	// disk and the replicas.
+	WALBytesPerRequest       float64 `json:"wal_bytes_per_request"`
+	ReplayWALBytesPerRequest float64 `json:"replay_wal_bytes_per_request"`
 }
 
 // Results is results.json.
@@ -201,7 +206,15 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 				profiled <- profileResult{path, err}
 			}()
 		}
+		walBefore, err := walPosition(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
 		m := driver.run(ctx, "/v1/payments", cfg.replayFraction, cfg.duration, progress, label)
+		walAfter, err := walPosition(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
 		st, err := tableStats(ctx, admin)
 		if err != nil {
 			return nil, err
@@ -223,6 +236,9 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		st.TableRowsEnd, st.TableRows = st.TableRows, startRows
 		st.LoadSeconds = loadSeconds
 		m.fill(&st, cfg.duration)
+		if st.Requests > 0 {
+			st.WALBytesPerRequest = float64(walAfter-walBefore) / float64(st.Requests)
+		}
 		if profiled != nil {
 			r := <-profiled
 			if r.err == nil {
@@ -238,9 +254,18 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
 			return nil, err
 		}
+		if walBefore, err = walPosition(ctx, admin); err != nil {
+			return nil, err
+		}
 		rm := driver.run(ctx, "/v1/payments", 1, cfg.duration, progress, label+" replays")
+		if walAfter, err = walPosition(ctx, admin); err != nil {
+			return nil, err
+		}
 		var rs Stage
 		rm.fill(&rs, cfg.duration)
+		if rs.Requests > 0 {
+			st.ReplayWALBytesPerRequest = float64(walAfter-walBefore) / float64(rs.Requests)
+		}
 		st.ReplayOnlyRPS, st.ReplayOnlyP50, st.ReplayOnlyP99 = rs.RPS, rs.RequestP50, rs.RequestP99
 		if st.RPS > 0 && st.RequestP99 > 0 {
 			st.ReplayToNewRPS, st.ReplayToNewP99 = rs.RPS/st.RPS, rs.RequestP99/st.RequestP99
@@ -323,6 +348,16 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	return res, nil
+}
+
+// walPosition is the server's WAL insert position in bytes.
+func walPosition(ctx context.Context, admin *pgxpool.Pool) (int64, error) {
+	var lsn int64
+	err := admin.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&lsn)
+	if err != nil {
+		return 0, fmt.Errorf("wal position: %w", err)
+	}
+	return lsn, nil
 }
 
 // profileResult is a captured CPU profile's file.
