@@ -210,10 +210,15 @@ func TestServeSaysWhenTheDatabaseIsUnreachable(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot reach the database") }, 10*time.Second, 20*time.Millisecond)
-	resp, err := http.Get("http://" + addr + "/healthz")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	// The warning can come before the listener is up: wait for it.
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond, "the service did not answer /healthz")
 	cancel()
 	require.NoError(t, <-done)
 }
