@@ -124,14 +124,7 @@ func TestServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, getenv, &bytes.Buffer{}) }()
-	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 10*time.Second, 20*time.Millisecond)
+	waitOK(t, "http://"+addr+"/readyz")
 
 	// The container healthcheck's subcommand finds the running API, and
 	// fails where none listens.
@@ -211,16 +204,22 @@ func TestServeSaysWhenTheDatabaseIsUnreachable(t *testing.T) {
 	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot reach the database") }, 10*time.Second, 20*time.Millisecond)
 	// The warning can come before the listener is up: wait for it.
+	waitOK(t, "http://"+addr+"/healthz")
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// waitOK polls url until it answers 200, for up to 10 s.
+func waitOK(t *testing.T, url string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + addr + "/healthz")
+		resp, err := http.Get(url)
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}, 10*time.Second, 20*time.Millisecond, "the service did not answer /healthz")
-	cancel()
-	require.NoError(t, <-done)
+	}, 10*time.Second, 20*time.Millisecond, "%s never answered 200", url)
 }
 
 // syncBuffer is a bytes.Buffer safe for the logger's and the test's goroutines.
