@@ -58,7 +58,7 @@ type record struct {
 const claimSQL = `
 INSERT INTO idempotency_keys
     (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at)
-SELECT $1, $2, $3, 'in_progress', $4, $5, $8, now() + $6 * interval '1 millisecond'
+SELECT $1, $2, $3, 'in_progress', $4, $5, NULLIF($8, ''), now() + $6 * interval '1 millisecond'
 WHERE $7
 ON CONFLICT (principal_id, endpoint, key) DO NOTHING
 RETURNING created_at`
@@ -67,7 +67,7 @@ RETURNING created_at`
 // it.
 func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, allowNew bool) (bool, error) {
 	var createdAt time.Time
-	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew, nullIfEmpty(traceParent)).Scan(&createdAt)
+	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew, traceParent).Scan(&createdAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -96,7 +96,7 @@ const takeOverSQL = `
 UPDATE idempotency_keys
 SET state = 'in_progress', fingerprint = $4,
     response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
-    correlation_id = $5, trace_parent = $7, created_at = now(), expires_at = now() + $6 * interval '1 millisecond'
+    correlation_id = $5, trace_parent = NULLIF($7, ''), created_at = now(), expires_at = now() + $6 * interval '1 millisecond'
 WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at < now()
 RETURNING created_at`
 
@@ -104,7 +104,7 @@ RETURNING created_at`
 // owns the key; false means there was no expired row to take (any more).
 func takeOver(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration) (bool, error) {
 	var createdAt time.Time
-	err := tx.QueryRow(ctx, takeOverSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), nullIfEmpty(traceParent)).Scan(&createdAt)
+	err := tx.QueryRow(ctx, takeOverSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), traceParent).Scan(&createdAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -112,14 +112,6 @@ func takeOver(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, reque
 		return false, err
 	}
 	return true, nil
-}
-
-// nullIfEmpty stores "" as NULL.
-func nullIfEmpty(v string) *string {
-	if v == "" {
-		return nil
-	}
-	return &v
 }
 
 // lookup reads the record that made a claim conflict, without locking it.
