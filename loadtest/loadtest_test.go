@@ -163,3 +163,22 @@ func TestPlotLabels(t *testing.T) {
 		}
 	}
 }
+
+// The CPU profile's areas: a standard library method is not "other".
+func TestAreaOf(t *testing.T) {
+	t.Parallel()
+	for fn, want := range map[string]string{
+		"sync.(*Mutex).Lock":                      "Go standard library, other",
+		"net/textproto.(*Reader).ReadLine":        "net/http",
+		"internal/poll.(*FD).Write":               "network",
+		"context.(*cancelCtx).Done":               "Go standard library, other",
+		"github.com/jackc/pgx/v5.(*Conn).Query":   "pgx (PostgreSQL driver)",
+		"github.com/google/uuid.NewString":        "other",
+		"main.run":                                "this service",
+		"internal/runtime/syscall/linux.Syscall6": "syscalls",
+		"gopkg.in/yaml.v3.(*parser).parse":        "other",
+		"runtime.mallocgc":                        "allocation",
+	} {
+		require.Equal(t, want, areaOf(fn), fn)
+	}
+}

@@ -65,6 +65,7 @@ func captureProfile(ctx context.Context, metricsAddr string, d time.Duration, di
 // first match wins, and anything else is "other".
 var areas = []struct{ prefix, area string }{
 	{"github.com/payments-reference/", "this service"},
+	{"main.", "this service"},
 	{"github.com/jackc/", "pgx (PostgreSQL driver)"},
 	{"github.com/riverqueue/", "River (job insert, workers)"},
 	{"go.opentelemetry.io/", "OpenTelemetry"},
@@ -97,8 +98,10 @@ func areaOf(fn string) string {
 			return a.area
 		}
 	}
-	// A standard library package has no domain in its path.
-	if first, _, _ := strings.Cut(fn, "/"); !strings.Contains(first, ".") || strings.Count(first, ".") == 1 && !strings.Contains(fn, "/") {
+	// A standard library package's path has no domain: its first element,
+	// before any "/", holds no dot (and a path without "/", such as
+	// "sync.(*Mutex).Lock", is one element followed by the symbol).
+	if first, _, found := strings.Cut(fn, "/"); !found || !strings.Contains(first, ".") {
 		return "Go standard library, other"
 	}
 	return "other"
