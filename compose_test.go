@@ -69,6 +69,11 @@ func TestComposeFile(t *testing.T) {
 	prom, err := os.ReadFile("docker/prometheus.yml")
 	require.NoError(t, err)
 	require.Contains(t, string(prom), "api:9090")
+	require.Contains(t, string(prom), "/etc/prometheus/rules.yml")
+	require.Contains(t, compose.Services["prometheus"].Volumes, "./docker/prometheus-rules.yml:/etc/prometheus/rules.yml:ro")
+	rules, err := os.ReadFile("docker/prometheus-rules.yml")
+	require.NoError(t, err)
+	require.Contains(t, string(rules), "reconciliation_oldest_waiting_age_seconds", "an alert on what waits for reconciliation")
 }
 
 // The provisioned dashboard parses and queries only metrics the service

@@ -42,6 +42,7 @@ func TestImportRules(t *testing.T) {
 		"internal/idempotency": {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", "net/http"},
 		"internal/outbox":      {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", module + "/internal/processor"},
 		"internal/processor":   {module + "/internal/"},
+		"internal/reconcile":   {module + "/internal/httpapi", "net/http"},
 		"internal/database":    {module + "/internal/"},
 	}
 	for pkg, imps := range all {

@@ -41,9 +41,10 @@ func (e NewRefundReason) Valid() bool {
 
 // Defines values for PaymentStatus.
 const (
-	PaymentStatusFailed     PaymentStatus = "failed"
-	PaymentStatusProcessing PaymentStatus = "processing"
-	PaymentStatusSucceeded  PaymentStatus = "succeeded"
+	PaymentStatusFailed                 PaymentStatus = "failed"
+	PaymentStatusProcessing             PaymentStatus = "processing"
+	PaymentStatusRequiresReconciliation PaymentStatus = "requires_reconciliation"
+	PaymentStatusSucceeded              PaymentStatus = "succeeded"
 )
 
 // Valid indicates whether the value is a known member of the PaymentStatus enum.
@@ -52,6 +53,8 @@ func (e PaymentStatus) Valid() bool {
 	case PaymentStatusFailed:
 		return true
 	case PaymentStatusProcessing:
+		return true
+	case PaymentStatusRequiresReconciliation:
 		return true
 	case PaymentStatusSucceeded:
 		return true
@@ -155,9 +158,10 @@ func (e RefundReason) Valid() bool {
 
 // Defines values for RefundStatus.
 const (
-	RefundStatusFailed    RefundStatus = "failed"
-	RefundStatusPending   RefundStatus = "pending"
-	RefundStatusSucceeded RefundStatus = "succeeded"
+	RefundStatusFailed                 RefundStatus = "failed"
+	RefundStatusPending                RefundStatus = "pending"
+	RefundStatusRequiresReconciliation RefundStatus = "requires_reconciliation"
+	RefundStatusSucceeded              RefundStatus = "succeeded"
 )
 
 // Valid indicates whether the value is a known member of the RefundStatus enum.
@@ -166,6 +170,8 @@ func (e RefundStatus) Valid() bool {
 	case RefundStatusFailed:
 		return true
 	case RefundStatusPending:
+		return true
+	case RefundStatusRequiresReconciliation:
 		return true
 	case RefundStatusSucceeded:
 		return true
@@ -212,21 +218,33 @@ type Payment struct {
 	Description    *string   `json:"description"`
 
 	// FailureReason Why a failed payment failed: the processor's decline code (for example
-	// `card_declined`), `processor_rejected`, or `processor_unavailable` (no definite
-	// answer within the retry budget). Null unless the status is `failed`.
+	// `card_declined`), `processor_rejected` (it refused the request itself), or
+	// `not_processed` (after the retry budget ran out, the reconciler found that the
+	// processor has no record of the charge: nothing was charged). Null unless the
+	// status is `failed`.
 	FailureReason *string            `json:"failure_reason"`
 	Id            openapi_types.UUID `json:"id"`
 	Metadata      map[string]string  `json:"metadata"`
 
 	// Status `processing` from creation (the 201 says so, and so does its replay) until the
 	// processor has answered; then `succeeded` or `failed`. Read the final status
-	// with GET.
+	// with GET. `requires_reconciliation`: the processor gave no definite answer
+	// within the retry budget, so the charge may or may not have happened; it is
+	// never guessed as `failed`. The service's reconciler asks the processor's
+	// record and settles it as `succeeded` or `failed` (see
+	// docs/external-effects.md, "When the processor does not answer"). Such a
+	// payment cannot be refunded until then (409 `payment-processing`).
 	Status PaymentStatus `json:"status"`
 }
 
 // PaymentStatus `processing` from creation (the 201 says so, and so does its replay) until the
 // processor has answered; then `succeeded` or `failed`. Read the final status
-// with GET.
+// with GET. `requires_reconciliation`: the processor gave no definite answer
+// within the retry budget, so the charge may or may not have happened; it is
+// never guessed as `failed`. The service's reconciler asks the processor's
+// record and settles it as `succeeded` or `failed` (see
+// docs/external-effects.md, "When the processor does not answer"). Such a
+// payment cannot be refunded until then (409 `payment-processing`).
 type PaymentStatus string
 
 // PaymentList Example: {"data":[{"amount":2500,"amount_refunded":0,"created_at":"2026-12-03T10:15:30.123456Z","currency":"usd","description":null,"failure_reason":null,"id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","metadata":{},"status":"processing"}],"has_more":false}
@@ -255,7 +273,7 @@ type PaymentList struct {
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -279,9 +297,13 @@ type ProblemType string
 
 // Refund Example: {"amount":1000,"created_at":"2026-12-03T10:16:02.654321Z","currency":"usd","failure_reason":null,"id":"01936f4f-02d4-7a61-8c3b-2e9f0a1b2c3d","payment_id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","reason":"requested_by_customer","status":"pending"}
 type Refund struct {
-	Amount        int64              `json:"amount"`
-	CreatedAt     time.Time          `json:"created_at"`
-	Currency      string             `json:"currency"`
+	Amount    int64     `json:"amount"`
+	CreatedAt time.Time `json:"created_at"`
+	Currency  string    `json:"currency"`
+
+	// FailureReason Why a failed refund failed: `processor_rejected` (for example, the processor
+	// refused to refund the charge) or `not_processed` (the reconciler found no
+	// record of it at the processor). Null unless the status is `failed`.
 	FailureReason *string            `json:"failure_reason"`
 	Id            openapi_types.UUID `json:"id"`
 	PaymentId     openapi_types.UUID `json:"payment_id"`
@@ -289,7 +311,9 @@ type Refund struct {
 
 	// Status `pending` until the processor has answered, then `succeeded` or `failed`. A
 	// pending refund already counts against what remains refundable; a failed one
-	// gives its amount back.
+	// gives its amount back. `requires_reconciliation`: no definite answer within the
+	// retry budget; the money may have gone back, so its amount stays counted until
+	// the reconciler settles it from the processor's record.
 	Status RefundStatus `json:"status"`
 }
 
@@ -298,7 +322,9 @@ type RefundReason string
 
 // RefundStatus `pending` until the processor has answered, then `succeeded` or `failed`. A
 // pending refund already counts against what remains refundable; a failed one
-// gives its amount back.
+// gives its amount back. `requires_reconciliation`: no definite answer within the
+// retry budget; the money may have gone back, so its amount stays counted until
+// the reconciler settles it from the processor's record.
 type RefundStatus string
 
 // RefundList Example: {"data":[{"amount":1000,"created_at":"2026-12-03T10:16:02.654321Z","currency":"usd","failure_reason":null,"id":"01936f4f-02d4-7a61-8c3b-2e9f0a1b2c3d","payment_id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","reason":"requested_by_customer","status":"pending"}],"has_more":false}
@@ -337,7 +363,7 @@ type StartingAfter = openapi_types.UUID
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -366,7 +392,7 @@ type BadRequest = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -395,7 +421,7 @@ type Forbidden = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -424,7 +450,7 @@ type InProgress = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -453,7 +479,7 @@ type InternalError = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -482,7 +508,7 @@ type KeyReused = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -511,7 +537,7 @@ type NotFound = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -540,7 +566,7 @@ type PayloadTooLarge = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -569,7 +595,7 @@ type QuotaExceeded = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -598,7 +624,7 @@ type RequestTimeout = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -627,7 +653,7 @@ type Unauthorized = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -656,7 +682,7 @@ type Unavailable = Problem
 // | `payload-too-large` | 413 | body over the limit |
 // | `unsupported-media-type` | 415 | body not `application/json` |
 // | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
-// | `payment-processing` | 409 | the payment is not charged yet; retry with the same key |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
@@ -836,8 +862,8 @@ type ClientInterface interface {
 	// are serialized, and pending refunds count. A refund larger than what remains (422
 	// `refund-exceeds-payment`) and a refund of a failed payment (422
 	// `payment-not-refundable`) are business outcomes, stored and replayed for the same
-	// key. A payment still `processing` cannot be refunded yet: 409
-	// `payment-processing`, nothing stored, retry with the same key. A payment that does
+	// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+	// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 	// not exist or belongs to another principal is 404 and stores nothing. The refund is
 	// created `pending`; the processor is called after the request commits.
 	//
@@ -852,8 +878,8 @@ type ClientInterface interface {
 	// are serialized, and pending refunds count. A refund larger than what remains (422
 	// `refund-exceeds-payment`) and a refund of a failed payment (422
 	// `payment-not-refundable`) are business outcomes, stored and replayed for the same
-	// key. A payment still `processing` cannot be refunded yet: 409
-	// `payment-processing`, nothing stored, retry with the same key. A payment that does
+	// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+	// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 	// not exist or belongs to another principal is 404 and stores nothing. The refund is
 	// created `pending`; the processor is called after the request commits.
 	//
@@ -969,8 +995,8 @@ func (c *RawClient) ListRefunds(ctx context.Context, id PaymentID, params *ListR
 // are serialized, and pending refunds count. A refund larger than what remains (422
 // `refund-exceeds-payment`) and a refund of a failed payment (422
 // `payment-not-refundable`) are business outcomes, stored and replayed for the same
-// key. A payment still `processing` cannot be refunded yet: 409
-// `payment-processing`, nothing stored, retry with the same key. A payment that does
+// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 // not exist or belongs to another principal is 404 and stores nothing. The refund is
 // created `pending`; the processor is called after the request commits.
 //
@@ -995,8 +1021,8 @@ func (c *RawClient) CreateRefundWithBody(ctx context.Context, id PaymentID, para
 // are serialized, and pending refunds count. A refund larger than what remains (422
 // `refund-exceeds-payment`) and a refund of a failed payment (422
 // `payment-not-refundable`) are business outcomes, stored and replayed for the same
-// key. A payment still `processing` cannot be refunded yet: 409
-// `payment-processing`, nothing stored, retry with the same key. A payment that does
+// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 // not exist or belongs to another principal is 404 and stores nothing. The refund is
 // created `pending`; the processor is called after the request commits.
 //
@@ -1451,8 +1477,8 @@ type ClientWithResponsesInterface interface {
 	// are serialized, and pending refunds count. A refund larger than what remains (422
 	// `refund-exceeds-payment`) and a refund of a failed payment (422
 	// `payment-not-refundable`) are business outcomes, stored and replayed for the same
-	// key. A payment still `processing` cannot be refunded yet: 409
-	// `payment-processing`, nothing stored, retry with the same key. A payment that does
+	// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+	// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 	// not exist or belongs to another principal is 404 and stores nothing. The refund is
 	// created `pending`; the processor is called after the request commits.
 	//
@@ -1467,8 +1493,8 @@ type ClientWithResponsesInterface interface {
 	// are serialized, and pending refunds count. A refund larger than what remains (422
 	// `refund-exceeds-payment`) and a refund of a failed payment (422
 	// `payment-not-refundable`) are business outcomes, stored and replayed for the same
-	// key. A payment still `processing` cannot be refunded yet: 409
-	// `payment-processing`, nothing stored, retry with the same key. A payment that does
+	// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+	// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 	// not exist or belongs to another principal is 404 and stores nothing. The refund is
 	// created `pending`; the processor is called after the request commits.
 	//
@@ -2498,8 +2524,8 @@ func (c *ClientWithResponses) ListRefundsWithResponse(ctx context.Context, id Pa
 // are serialized, and pending refunds count. A refund larger than what remains (422
 // `refund-exceeds-payment`) and a refund of a failed payment (422
 // `payment-not-refundable`) are business outcomes, stored and replayed for the same
-// key. A payment still `processing` cannot be refunded yet: 409
-// `payment-processing`, nothing stored, retry with the same key. A payment that does
+// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 // not exist or belongs to another principal is 404 and stores nothing. The refund is
 // created `pending`; the processor is called after the request commits.
 //
@@ -2520,8 +2546,8 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 // are serialized, and pending refunds count. A refund larger than what remains (422
 // `refund-exceeds-payment`) and a refund of a failed payment (422
 // `payment-not-refundable`) are business outcomes, stored and replayed for the same
-// key. A payment still `processing` cannot be refunded yet: 409
-// `payment-processing`, nothing stored, retry with the same key. A payment that does
+// key. A payment still `processing`, or in `requires_reconciliation`, cannot be
+// refunded yet: 409 `payment-processing`, nothing stored, retry with the same key. A payment that does
 // not exist or belongs to another principal is 404 and stores nothing. The refund is
 // created `pending`; the processor is called after the request commits.
 //

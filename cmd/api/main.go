@@ -6,6 +6,7 @@
 //	api keys list [--principal NAME]             list API keys, one JSON line each (never a secret)
 //	api keys revoke ID                           revoke an API key
 //	api sweep                                    delete expired keys once; prints one JSON line
+//	api reconcile                                settle undecided payments and refunds from the processor's record once; prints one JSON line
 //	api processor-sim                            run the payment processor simulator on ADDR
 //	api healthcheck                              exit 0 if the API on ADDR answers /healthz (for container healthchecks)
 //
@@ -37,6 +38,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/config"
@@ -46,6 +48,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/telemetry"
 )
@@ -67,6 +70,7 @@ const usage = `usage:
   api keys list [--principal NAME]
   api keys revoke ID
   api sweep
+  api reconcile
   api processor-sim
   api healthcheck`
 
@@ -107,6 +111,11 @@ func runLogging(ctx context.Context, args []string, getenv func(string) string, 
 			return errors.New(usage)
 		}
 		return sweep(ctx, cfg, stdout)
+	case "reconcile":
+		if len(args) != 0 {
+			return errors.New(usage)
+		}
+		return reconcileOnce(ctx, cfg, log, getenv, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, cfg)
 	case "processor-sim":
@@ -370,7 +379,9 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
 	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
+	river.AddWorker(workers, &reconcile.Worker{Reconciler: newReconciler(cfg, pool, proc)})
 	return outbox.NewClient(pool, workers, outbox.Config{
+		Periodic:       []*river.PeriodicJob{reconcile.Periodic(cfg.ReconcileInterval)},
 		Workers:        cfg.OutboxWorkers,
 		JobTimeout:     cfg.OutboxJobTimeout,
 		RescueAfter:    cfg.OutboxRescueAfter,
@@ -381,6 +392,35 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 		TracerProvider: tel.TracerProvider,
 		MeterProvider:  tel.MeterProvider,
 	})
+}
+
+func newReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor) *reconcile.Reconciler {
+	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000}
+}
+
+// reconcileOnce settles what waits for reconciliation, for operators: after
+// a processor outage, or to see at once what the periodic job would do.
+func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string, stdout io.Writer) error {
+	if cfg.ProcessorURL == "" {
+		// A simulator started here would have an empty ledger and answer
+		// "no record" for everything: that would record payments as failed
+		// that the service's own simulator may have charged.
+		return errors.New("api reconcile needs PROCESSOR_URL: it asks the processor's ledger, and an in-process simulator has none; a serve with the in-process simulator reconciles on its own")
+	}
+	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	proc, err := newProcessor(ctx, cfg, log, noop.NewTracerProvider())
+	if err != nil {
+		return err
+	}
+	res, err := newReconciler(cfg, pool, proc).Run(ctx)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(res)
 }
 
 func newSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider) (*idempotency.Sweeper, error) {

@@ -75,6 +75,17 @@ type Config struct {
 	OutboxMaxAttempts int
 	OutboxRetryBase   time.Duration
 	OutboxRetryMax    time.Duration
+	// ProcessorKeyWindow is how long the processor remembers an idempotency
+	// key (PROCESSOR_KEY_WINDOW; Stripe: 24 h). A retry after it could charge
+	// a second time, so the outbox's whole retry schedule must end inside it.
+	ProcessorKeyWindow time.Duration
+	// ReconcileInterval is how often the reconciler settles payments and
+	// refunds left undecided (RECONCILE_INTERVAL); ReconcileGrace is how long
+	// a row's job must have ended before it is looked up at the processor
+	// (RECONCILE_GRACE), longer than PROCESSOR_TIMEOUT so that no call of
+	// the job can still arrive.
+	ReconcileInterval time.Duration
+	ReconcileGrace    time.Duration
 	// IdempotencyWindow is the published retry window (IDEMPOTENCY_WINDOW).
 	IdempotencyWindow time.Duration
 	// IdempotencyMargin is kept beyond the window before a key may be
@@ -137,6 +148,9 @@ func Defaults() Config {
 		OutboxMaxAttempts:      15,
 		OutboxRetryBase:        time.Second,
 		OutboxRetryMax:         10 * time.Minute,
+		ProcessorKeyWindow:     24 * time.Hour,
+		ReconcileInterval:      time.Minute,
+		ReconcileGrace:         2 * time.Minute,
 		IdempotencyWindow:      24 * time.Hour,
 		IdempotencyMargin:      time.Hour,
 		MaxBodyBytes:           1 << 20,
@@ -238,6 +252,9 @@ func Load(getenv func(string) string) (Config, error) {
 	integer("OUTBOX_MAX_ATTEMPTS", 1, 100, func(n int64) { c.OutboxMaxAttempts = int(n) })
 	dur("OUTBOX_RETRY_BASE", &c.OutboxRetryBase, time.Millisecond)
 	dur("OUTBOX_RETRY_MAX", &c.OutboxRetryMax, time.Millisecond)
+	dur("PROCESSOR_KEY_WINDOW", &c.ProcessorKeyWindow, time.Minute)
+	dur("RECONCILE_INTERVAL", &c.ReconcileInterval, time.Second)
+	dur("RECONCILE_GRACE", &c.ReconcileGrace, time.Second)
 	dur("IDEMPOTENCY_WINDOW", &c.IdempotencyWindow, time.Minute)
 	dur("IDEMPOTENCY_MARGIN", &c.IdempotencyMargin, 0)
 	integer("MAX_BODY_BYTES", 1024, 64<<20, func(n int64) { c.MaxBodyBytes = n })
@@ -273,6 +290,13 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.ProcessorTimeout >= c.OutboxJobTimeout {
 		errs = append(errs, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than OUTBOX_JOB_TIMEOUT (%s)", c.ProcessorTimeout, c.OutboxJobTimeout))
 	}
+	if c.ReconcileGrace <= c.ProcessorTimeout {
+		errs = append(errs, fmt.Errorf("RECONCILE_GRACE (%s) must be longer than PROCESSOR_TIMEOUT (%s): a call still on its way could charge after the reconciler recorded \"no record\"", c.ReconcileGrace, c.ProcessorTimeout))
+	}
+	if last := c.RetrySchedule(); last >= c.ProcessorKeyWindow {
+		errs = append(errs, fmt.Errorf("the outbox's retry schedule can last %s (OUTBOX_MAX_ATTEMPTS=%d, OUTBOX_RETRY_BASE=%s, OUTBOX_RETRY_MAX=%s, OUTBOX_RESCUE_AFTER=%s), not inside PROCESSOR_KEY_WINDOW=%s: a late retry could charge twice once the processor forgets the key",
+			last.Round(time.Second), c.OutboxMaxAttempts, c.OutboxRetryBase, c.OutboxRetryMax, c.OutboxRescueAfter, c.ProcessorKeyWindow))
+	}
 	if c.LockTimeout >= c.RequestTimeout {
 		errs = append(errs, fmt.Errorf("LOCK_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", c.LockTimeout, c.RequestTimeout))
 	}
@@ -292,6 +316,23 @@ type SimSettings struct {
 	DropRate    float64
 	TimeoutRate float64
 	Hold        time.Duration
+}
+
+// RetrySchedule is the longest time from a job's first processor call to its
+// last: every backoff at its ceiling (RetryBase doubling up to RetryMax), and
+// every attempt as long as it can be, OutboxRescueAfter, as when its worker
+// died. The last call must reach the processor while it still remembers the
+// first one's key.
+func (c Config) RetrySchedule() time.Duration {
+	total := time.Duration(c.OutboxMaxAttempts) * c.OutboxRescueAfter
+	d := c.OutboxRetryBase
+	for range c.OutboxMaxAttempts - 1 {
+		total += min(d, c.OutboxRetryMax)
+		if d < c.OutboxRetryMax {
+			d *= 2
+		}
+	}
+	return total
 }
 
 // Retention is how long a key row is kept: the window plus the margin.
@@ -320,6 +361,9 @@ func (c Config) LogAttrs() []any {
 		slog.String("request_timeout", c.RequestTimeout.String()),
 		slog.String("processor_url", redact(c.ProcessorURL)),
 		slog.Int("outbox_workers", c.OutboxWorkers),
+		slog.String("outbox_retry_schedule", c.RetrySchedule().Round(time.Second).String()),
+		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),
+		slog.String("reconcile_interval", c.ReconcileInterval.String()),
 	}
 }
 

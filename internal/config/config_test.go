@@ -83,3 +83,28 @@ func TestWindowShorterThanPublishedIsRefused(t *testing.T) {
 	_, err = config.Load(func(k string) string { return map[string]string{"IDEMPOTENCY_WINDOW": "24h"}[k] })
 	require.NoError(t, err)
 }
+
+// The outbox's retry schedule must end inside the processor's key window: a
+// retry after the processor forgot the key would be a second charge.
+func TestRetryScheduleMustFitTheProcessorKeyWindow(t *testing.T) {
+	t.Parallel()
+	c := config.Defaults()
+	// 15 attempts of at most OUTBOX_RESCUE_AFTER (2 min) each, and 14
+	// backoffs: 1+2+...+512 s, then 4 at the 10 min ceiling.
+	require.Equal(t, 30*time.Minute+1023*time.Second+4*10*time.Minute, c.RetrySchedule())
+
+	_, err := config.Load(env(map[string]string{"OUTBOX_MAX_ATTEMPTS": "100", "OUTBOX_RETRY_MAX": "1h"}))
+	require.ErrorContains(t, err, "not inside PROCESSOR_KEY_WINDOW=24h0m0s")
+	_, err = config.Load(env(map[string]string{"OUTBOX_MAX_ATTEMPTS": "100", "OUTBOX_RETRY_MAX": "1h", "PROCESSOR_KEY_WINDOW": "168h"}))
+	require.NoError(t, err)
+	_, err = config.Load(env(map[string]string{"PROCESSOR_KEY_WINDOW": "1h"}))
+	require.ErrorContains(t, err, "PROCESSOR_KEY_WINDOW=1h0m0s")
+}
+
+// The reconciler must not take "no record" for an answer while a call with
+// the key can still reach the processor.
+func TestReconcileGraceOutlastsAProcessorCall(t *testing.T) {
+	t.Parallel()
+	_, err := config.Load(env(map[string]string{"RECONCILE_GRACE": "5s"}))
+	require.ErrorContains(t, err, "RECONCILE_GRACE (5s) must be longer than PROCESSOR_TIMEOUT (10s)")
+}

@@ -112,7 +112,7 @@ func problemFor(err error) Problem {
 	case errors.Is(err, idempotency.ErrKeyReused):
 		return newProblem(ptKeyReused, "This Idempotency-Key was already used with a different request body or path. Nothing was executed; use a new key for a new request.")
 	case errors.Is(err, refunds.ErrPaymentProcessing):
-		return newProblem(ptProcessing, "The payment has not been charged yet. Nothing was recorded; retry after the indicated delay with the same Idempotency-Key.").retry(1)
+		return newProblem(ptProcessing, "The payment's charge is not decided yet (it is processing, or waiting for reconciliation with the processor). Nothing was recorded; retry after the indicated delay with the same Idempotency-Key.").retry(1)
 	case errors.Is(err, idempotency.ErrQuotaExceeded):
 		return newProblem(ptQuotaExceeded, "This principal holds as many live idempotency keys as its quota allows. Existing keys can still be replayed; new ones are accepted again as old ones expire.").retry(60)
 	// Before ErrUnavailable and DeadlineExceeded, which an unknown outcome

@@ -120,7 +120,9 @@ func TestExpiredKeyIsAbsentWhenOverQuota(t *testing.T) {
 // once it has changed. The request is never executed twice.
 func TestLargeResponsesAreStoredAsReferences(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(o *options) { o.maxStored = 10 })
+	// The processor waits for the test, so the payment is unchanged (still
+	// processing) until the byte-for-byte replay has been compared.
+	b := setup(t, func(o *options) { o.maxStored = 10; o.holdProcessor = true })
 	k := b.newKey(t, "acme", allScopes...)
 
 	first := b.post(t, "/v1/payments", k.Secret, "big", paymentBody)
@@ -138,6 +140,7 @@ func TestLargeResponsesAreStoredAsReferences(t *testing.T) {
 	require.Equal(t, first.Status, again.Status)
 	require.Equal(t, first.Body, again.Body)
 
+	b.releaseProcessor(t)
 	b.settled(t, "/v1/payments/"+id, k.Secret)
 	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`).Status)
 	later := b.post(t, "/v1/payments", k.Secret, "big", paymentBody)

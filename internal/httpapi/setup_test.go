@@ -35,6 +35,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
 )
@@ -58,6 +59,13 @@ type options struct {
 	faultProxy bool
 	// noWorkers leaves outbox jobs unworked: payments stay processing.
 	noWorkers bool
+	// holdProcessor makes every processor call wait until the test calls
+	// testBundle.releaseProcessor, so a payment stays processing (and a
+	// refund pending) for exactly as long as the test needs, however fast
+	// or slow the machine is.
+	holdProcessor bool
+	// maxAttempts is the outbox's retry budget (5 unless set).
+	maxAttempts int
 }
 
 // testBundle is a running API on its own database.
@@ -74,6 +82,12 @@ type testBundle struct {
 	proxy   *faultproxy.Proxy // nil unless options.faultProxy
 	// sim is the processor the outbox workers call.
 	sim *processor.Simulator
+	// reconciler settles what the outbox left undecided; tests run it
+	// by hand, with no grace period.
+	reconciler *reconcile.Reconciler
+	// release opens the processor gate of options.holdProcessor; nil
+	// without it.
+	release func()
 	// spans and metrics record what the service reported.
 	spans   *tracetest.SpanRecorder
 	metrics *sdkmetric.ManualReader
@@ -86,7 +100,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	// acquire timeout keeps a busy shared server from turning a queue into
 	// a 503.
 	o := options{maxConns: 4, acquireTimeout: 15 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10,
-		requestTimeout: 30 * time.Second}
+		requestTimeout: 30 * time.Second, maxAttempts: 5}
 	for _, f := range tweak {
 		f(&o)
 	}
@@ -133,17 +147,30 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	require.NoError(t, idempotency.RegisterStoreMetrics(mp, maint, 0))
 	require.NoError(t, outbox.RegisterMetrics(mp, maint, 0))
 	b.sim = processor.NewSimulator(processor.SimConfig{})
-	simSrv := httptest.NewServer(b.sim)
+	var simHandler http.Handler = b.sim
+	if o.holdProcessor {
+		gate := make(chan struct{})
+		b.release = sync.OnceFunc(func() { close(gate) })
+		simHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case <-gate:
+				b.sim.ServeHTTP(w, r)
+			case <-r.Context().Done():
+			}
+		})
+	}
+	simSrv := httptest.NewServer(simHandler)
 	t.Cleanup(simSrv.Close)
 	proc, err := processor.Measured(processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second,
 		Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))}), mp)
 	require.NoError(t, err)
+	b.reconciler = &reconcile.Reconciler{Pool: pool, Processor: proc, Batch: 100}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
 	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
 	jobs, err := outbox.NewClient(pool, workers, outbox.Config{
 		Workers: outboxWorkers, JobTimeout: 10 * time.Second, RescueAfter: 30 * time.Second,
-		MaxAttempts: 5, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		MaxAttempts: o.maxAttempts, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		TracerProvider: tp, MeterProvider: mp,
 	})
 	require.NoError(t, err)
@@ -179,6 +206,11 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	b.handler = h
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
+	if b.release != nil {
+		// Registered last so it runs first: the workers stop, and the
+		// simulator closes, only once no call waits at the gate.
+		t.Cleanup(b.release)
+	}
 	// The service's own log explains a failure (a 503's cause is logged
 	// there, not sent to the client), so a failing test shows it.
 	t.Cleanup(func() {
@@ -187,6 +219,14 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		}
 	})
 	return b
+}
+
+// releaseProcessor lets the processor calls held by options.holdProcessor
+// through, and every later one.
+func (b *testBundle) releaseProcessor(t *testing.T) {
+	t.Helper()
+	require.NotNil(t, b.release, "the bundle was not set up with holdProcessor")
+	b.release()
 }
 
 // Connections a bundle holds besides the service pool.

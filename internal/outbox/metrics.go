@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -15,8 +16,8 @@ import (
 const instrumentationName = "github.com/payments-reference/idempotent-payments/internal/outbox"
 
 // RegisterMetrics reports the outbox's health, read from River's table with
-// pool (the maintenance role): jobs by state, and the age of the oldest job
-// waiting to run, the outbox's lag. Reads are cached for ttl so that a
+// pool (the maintenance role): jobs by state, the age of the oldest job
+// waiting to run (the outbox's lag), and what waits for reconciliation. Reads are cached for ttl so that a
 // scrape storm costs one query.
 func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Duration) error {
 	m := mp.Meter(instrumentationName)
@@ -24,8 +25,12 @@ func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Dura
 		metric.WithDescription("Outbox jobs by kind and state (available, running, retryable, completed, discarded, ...)."))
 	lag, err2 := m.Float64ObservableGauge("outbox_oldest_available_job_age_seconds",
 		metric.WithDescription("How long the oldest job that could run has waited; 0 when none waits. The outbox's lag."))
-	if err1 != nil || err2 != nil {
-		return fmt.Errorf("outbox gauges: %w %w", err1, err2)
+	waiting, err3 := m.Int64ObservableGauge("reconciliation_waiting",
+		metric.WithDescription("Payments and refunds in requires_reconciliation: the processor's answer was never seen, and the reconciler has not settled them yet."))
+	oldest, err4 := m.Float64ObservableGauge("reconciliation_oldest_waiting_age_seconds",
+		metric.WithDescription("Age of the oldest payment or refund waiting for reconciliation; 0 when none waits."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return fmt.Errorf("outbox gauges: %w", err)
 	}
 	g := &gauges{pool: pool, ttl: ttl}
 	_, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
@@ -37,8 +42,10 @@ func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Dura
 			o.ObserveInt64(jobs, n, metric.WithAttributes(attribute.String("kind", k.kind), attribute.String("state", k.state)))
 		}
 		o.ObserveFloat64(lag, s.lag)
+		o.ObserveInt64(waiting, s.waiting)
+		o.ObserveFloat64(oldest, s.oldestWaiting)
 		return nil
-	}, jobs, lag)
+	}, jobs, lag, waiting, oldest)
 	if err != nil {
 		return fmt.Errorf("outbox gauges callback: %w", err)
 	}
@@ -48,8 +55,10 @@ func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Dura
 type kindState struct{ kind, state string }
 
 type snapshot struct {
-	jobs map[kindState]int64
-	lag  float64
+	jobs          map[kindState]int64
+	lag           float64
+	waiting       int64
+	oldestWaiting float64
 }
 
 type gauges struct {
@@ -87,9 +96,13 @@ func (g *gauges) get(ctx context.Context) (snapshot, bool) {
 			return err
 		}
 		// The fetch index (state, queue, priority, scheduled_at, id) serves this.
-		return c.QueryRow(ctx, `
+		if err := c.QueryRow(ctx, `
 			SELECT coalesce(extract(epoch FROM now() - min(scheduled_at)), 0)::float8
-			FROM river_job WHERE state = 'available' AND scheduled_at <= now()`).Scan(&s.lag)
+			FROM river_job WHERE state = 'available' AND scheduled_at <= now()`).Scan(&s.lag); err != nil {
+			return err
+		}
+		// Across tenants, through a function: this role reads no tenant table.
+		return c.QueryRow(ctx, `SELECT waiting, oldest_seconds FROM reconciliation_backlog()`).Scan(&s.waiting, &s.oldestWaiting)
 	})
 	g.at, g.last, g.ok = time.Now(), s, err == nil
 	return s, err == nil

@@ -43,15 +43,19 @@ type Config struct {
 	// whose worker died (kill -9, a lost host) is worked again.
 	JobTimeout  time.Duration
 	RescueAfter time.Duration
-	// MaxAttempts is the retry budget of a job; the last attempt records a
-	// failure rather than fail again (see the workers).
+	// MaxAttempts is the retry budget of a job; an outcome still unknown on
+	// the last attempt is recorded as requires_reconciliation rather than
+	// fail again (see the workers and package reconcile).
 	MaxAttempts int
 	// RetryBase and RetryMax shape the backoff: RetryBase * 2^(attempt-1),
 	// at most RetryMax, with jitter.
 	RetryBase, RetryMax time.Duration
-	Logger              *slog.Logger
-	TracerProvider      trace.TracerProvider
-	MeterProvider       metric.MeterProvider
+	// Periodic jobs are inserted by the elected leader on their schedule
+	// (the reconciler); only a client with Workers runs them.
+	Periodic       []*river.PeriodicJob
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // NewClient returns a River client over pool (the service role's), working
@@ -88,6 +92,7 @@ func NewClient(pool *database.Pool, workers *river.Workers, cfg Config) (*Client
 	if cfg.Workers > 0 {
 		rc.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}}
 		rc.Workers = workers
+		rc.PeriodicJobs = cfg.Periodic
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool.Pgx()), rc)
 	if err != nil {
@@ -109,8 +114,8 @@ func (b *backoff) NextRetry(job *rivertype.JobRow) time.Time {
 }
 
 // LastAttempt reports whether a job's current attempt is its last: a worker
-// then records a failure instead of failing once more, so no job is
-// discarded with its effect undecided.
+// then records an unknown outcome as requires_reconciliation instead of
+// failing once more, so the job does not end with its effect unrecorded.
 func LastAttempt(job *rivertype.JobRow) bool { return job.Attempt >= job.MaxAttempts }
 
 // StartWhenReachable starts client's workers, trying again every second

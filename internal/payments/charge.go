@@ -48,7 +48,7 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 		return fmt.Errorf("charge payment %s: %w", job.Args.PaymentID, err)
 	}
 	if p.Status != StatusProcessing {
-		return nil // a run that died after recording the answer, rescued
+		return nil // a run that died after recording the answer, rescued; or reconciled
 	}
 	res, err := w.Processor.Charge(ctx, processor.Charge{Key: p.ID.String(), Amount: p.Amount, Currency: p.Currency})
 	status, reason := Outcome(err, outbox.LastAttempt(job.JobRow))
@@ -56,11 +56,8 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 		return fmt.Errorf("charge payment %s: %w", p.ID, err) // River retries with backoff
 	}
 	return database.InTenantTx(ctx, w.Pool, job.Args.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `
-			UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
-			WHERE id = $1 AND status = 'processing'`,
-			p.ID, status, reason, res.ID); err != nil {
-			return fmt.Errorf("record charge of %s: %w", p.ID, database.Classify(err))
+		if _, err := Settle(ctx, tx, p.ID, status, reason, res.ID); err != nil {
+			return err
 		}
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 			return fmt.Errorf("complete charge job of %s: %w", p.ID, database.Classify(err))
@@ -74,16 +71,17 @@ const (
 	// ReasonProcessorRejected: the processor refused the request itself (a
 	// bug on this side); nothing was charged.
 	ReasonProcessorRejected = "processor_rejected"
-	// ReasonProcessorUnavailable: no definite answer within the retry
-	// budget. The processor may have charged on an attempt whose answer was
-	// lost; reconcile by the processor key, the payment's id.
-	ReasonProcessorUnavailable = "processor_unavailable"
+	// ReasonNotProcessed: the reconciler asked the processor, after every
+	// attempt had ended, and it has no record of the key: nothing moved.
+	ReasonNotProcessed = "not_processed"
 )
 
-// Outcome maps a processor call's error to the status and failure reason to
-// record, or "" when the call must be repeated. On the last attempt an
-// unknown outcome is recorded as a failure rather than left undecided. The
-// refunds worker records its answers the same way.
+// Outcome maps a processor call's error (a charge, a refund, or the
+// reconciler's lookup) to the status and failure reason to record, or ""
+// when the call must be repeated. An unknown outcome on the last attempt is
+// recorded as requires_reconciliation, never as a failure: the processor may
+// have moved the money on an attempt whose answer was lost. The refunds
+// worker and the reconciler record their answers the same way.
 func Outcome(err error, last bool) (status string, reason *string) {
 	var declined *processor.DeclineError
 	var rejected *processor.RejectedError
@@ -95,9 +93,11 @@ func Outcome(err error, last bool) (status string, reason *string) {
 	case errors.As(err, &rejected):
 		r := ReasonProcessorRejected
 		return StatusFailed, &r
-	case last:
-		r := ReasonProcessorUnavailable
+	case errors.Is(err, processor.ErrNoRecord):
+		r := ReasonNotProcessed
 		return StatusFailed, &r
+	case last:
+		return StatusRequiresReconciliation, nil
 	}
 	return "", nil
 }

@@ -34,11 +34,15 @@ const (
 )
 
 // A payment's statuses: processing until the processor has answered, then
-// succeeded or failed (with a reason).
+// succeeded or failed (with a reason). requires_reconciliation is a payment
+// whose charge got no definite answer within the retry budget: the processor
+// may or may not have charged it, and the reconciler settles it from the
+// processor's record. It is never guessed as failed.
 const (
-	StatusProcessing = "processing"
-	StatusSucceeded  = "succeeded"
-	StatusFailed     = "failed"
+	StatusProcessing             = "processing"
+	StatusSucceeded              = "succeeded"
+	StatusFailed                 = "failed"
+	StatusRequiresReconciliation = "requires_reconciliation"
 )
 
 // ErrNotFound means no payment with that id is visible to the principal.
@@ -196,6 +200,21 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 		return list[:limit], true, nil
 	}
 	return list, false, nil
+}
+
+// Settle records the processor's answer for a payment not yet decided
+// (processing, or waiting for reconciliation) and reports whether it changed
+// the row: false when the payment was already decided, by an earlier run of
+// the job or by the reconciler, whose answer stands.
+func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, status string, reason *string, processorID string) (bool, error) {
+	tag, err := tx.Exec(ctx, `
+		UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
+		WHERE id = $1 AND status IN ('processing', 'requires_reconciliation') AND status <> $2`,
+		id, status, reason, processorID)
+	if err != nil {
+		return false, fmt.Errorf("settle payment %s: %w", id, database.Classify(err))
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // AddRefunded records amount more as refunded on the payment (less, for a

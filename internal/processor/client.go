@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -14,6 +15,8 @@ import (
 // with an Idempotency-Key header, answered with 200 and {"id"}, 402 and
 // {"error": reason} for a decline, 400 or 422 for a request it will never
 // accept, and anything else (5xx, 409, 429, no answer) for "try again".
+// GET /v1/charges/{key} and GET /v1/refunds/{key} read the processor's
+// record of a key: the same answers, or 404 when it has none.
 // The simulator in this package speaks the same API.
 type Client struct {
 	base string
@@ -36,6 +39,16 @@ func (c *Client) Refund(ctx context.Context, r Refund) (Result, error) {
 	return c.call(ctx, "/v1/refunds", r.Key, r)
 }
 
+// Lookup implements Processor.
+func (c *Client) Lookup(ctx context.Context, op Operation, key string) (Result, error) {
+	path := "/v1/" + string(op) + "/" + url.PathEscape(key)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return Result{}, fmt.Errorf("processor request: %w", err)
+	}
+	return c.do(req, path)
+}
+
 func (c *Client) call(ctx context.Context, path, key string, body any) (Result, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
@@ -47,6 +60,11 @@ func (c *Client) call(ctx context.Context, path, key string, body any) (Result, 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	return c.do(req, path)
+}
+
+// do sends req and maps the processor's answer.
+func (c *Client) do(req *http.Request, path string) (Result, error) {
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return Result{}, fmt.Errorf("processor %s: %w", path, err)
@@ -68,6 +86,10 @@ func (c *Client) call(ctx context.Context, path, key string, body any) (Result, 
 		return Result{}, &DeclineError{Reason: reply.Error}
 	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity:
 		return Result{}, &RejectedError{Status: resp.StatusCode, Detail: reply.Error}
+	case req.Method == http.MethodGet && resp.StatusCode == http.StatusNotFound && reply.Error == "no_record":
+		// Only the processor's own "no record" counts: a 404 from a proxy
+		// or a wrong base URL says nothing about the money.
+		return Result{}, ErrNoRecord
 	}
 	return Result{}, fmt.Errorf("processor %s: status %d: %s", path, resp.StatusCode, reply.Error)
 }

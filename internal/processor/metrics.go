@@ -11,8 +11,9 @@ import (
 )
 
 // Measured wraps p to record every call's latency and outcome in the
-// histogram processor_call_duration_seconds{operation, outcome}: outcome is
-// succeeded, declined, rejected or unknown (retried).
+// histogram processor_call_duration_seconds{operation, outcome}: operation is
+// charge, refund or lookup; outcome is succeeded, declined, rejected,
+// no_record (lookups only) or unknown (retried).
 func Measured(p Processor, mp metric.MeterProvider) (Processor, error) {
 	h, err := mp.Meter("github.com/payments-reference/idempotent-payments/internal/processor").Float64Histogram(
 		"processor_call_duration_seconds",
@@ -41,6 +42,17 @@ func (m *measured) Refund(ctx context.Context, rf Refund) (Result, error) {
 	start := time.Now()
 	r, err := m.p.Refund(ctx, rf)
 	m.record(ctx, "refund", start, err)
+	return r, err
+}
+
+func (m *measured) Lookup(ctx context.Context, op Operation, key string) (Result, error) {
+	start := time.Now()
+	r, err := m.p.Lookup(ctx, op, key)
+	if errors.Is(err, ErrNoRecord) {
+		m.h.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("operation", "lookup"), attribute.String("outcome", "no_record")))
+		return r, err
+	}
+	m.record(ctx, "lookup", start, err)
 	return r, err
 }
 

@@ -36,14 +36,34 @@ type Result struct {
 	ID string `json:"id"`
 }
 
-// Processor charges and refunds. Its errors are a *DeclineError (a definite
-// no: do not retry), a *RejectedError (the request itself is wrong: retrying
-// cannot help) or anything else, which means the outcome is unknown and the
-// same call, with the same key, must be repeated.
+// Processor charges, refunds, and looks up what it did. Its errors are a
+// *DeclineError (a definite no: do not retry), a *RejectedError (the request
+// itself is wrong: retrying cannot help) or anything else, which means the
+// outcome is unknown and the same call, with the same key, must be repeated.
 type Processor interface {
 	Charge(ctx context.Context, c Charge) (Result, error)
 	Refund(ctx context.Context, r Refund) (Result, error)
+	// Lookup reads the processor's own record (its ledger) of the charge or
+	// refund made with key, without making one: Result when it moved the
+	// money, *DeclineError when it declined, ErrNoRecord when it never
+	// processed a request with that key, and any other error when it could
+	// not say. The reconciler settles with it what the workers could not.
+	Lookup(ctx context.Context, op Operation, key string) (Result, error)
 }
+
+// Operation names what a key was used for at the processor.
+type Operation string
+
+// The two operations, as the processor's API names them.
+const (
+	OpCharge Operation = "charges"
+	OpRefund Operation = "refunds"
+)
+
+// ErrNoRecord is a processor's definite statement that it never processed a
+// request with the key: nothing moved. It is only final once no request with
+// that key can still arrive (see the reconciler's grace period).
+var ErrNoRecord = errors.New("the processor has no record of this key")
 
 // DeclineError is the processor's definite refusal, with its reason
 // (card_declined, insufficient_funds, ...). Nothing was charged.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -108,17 +109,44 @@ func (s *Simulator) Stats() Stats {
 	return st
 }
 
-// ServeHTTP serves POST /v1/charges, POST /v1/refunds and GET /v1/stats.
+// ServeHTTP serves POST /v1/charges, POST /v1/refunds, their lookups
+// GET /v1/charges/{key} and GET /v1/refunds/{key}, and GET /v1/stats.
 func (s *Simulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/charges":
 		s.serve(w, r, false)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/refunds":
 		s.serve(w, r, true)
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/charges/"):
+		s.lookup(w, strings.TrimPrefix(r.URL.Path, "/v1/charges/"))
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/refunds/"):
+		s.lookup(w, strings.TrimPrefix(r.URL.Path, "/v1/refunds/"))
 	case r.Method == http.MethodGet && r.URL.Path == "/v1/stats":
 		writeJSON(w, http.StatusOK, s.Stats())
 	default:
 		http.NotFound(w, r)
+	}
+}
+
+// lookup answers from the ledger: the stored reply of key, or 404
+// no_record. It is never subject to the fault switches' drops and holds, only
+// to ErrorRate: a processor that is down cannot be asked either. Records are
+// kept for the simulator's lifetime, as a processor's ledger outlives its
+// idempotency window.
+func (s *Simulator) lookup(w http.ResponseWriter, key string) {
+	s.mu.Lock()
+	fail := s.rng.Float64() < s.cfg.ErrorRate
+	rec, seen := s.records[key]
+	s.mu.Unlock()
+	switch {
+	case fail:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "unavailable"})
+	case !seen:
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no_record"})
+	default:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rec.status)
+		_, _ = w.Write(rec.body)
 	}
 }
 

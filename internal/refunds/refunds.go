@@ -27,11 +27,14 @@ import (
 var Reasons = []string{"requested_by_customer", "duplicate", "fraudulent"}
 
 // A refund's statuses: pending until the processor has answered, then
-// succeeded or failed (with a reason).
+// succeeded or failed (with a reason). requires_reconciliation is a refund
+// whose outcome stayed unknown to the end of its retry budget; its amount
+// stays counted against the payment until the reconciler settles it.
 const (
-	StatusPending   = "pending"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
+	StatusPending                = "pending"
+	StatusSucceeded              = "succeeded"
+	StatusFailed                 = "failed"
+	StatusRequiresReconciliation = "requires_reconciliation"
 )
 
 // ListLimit is the most refunds one list response holds.
@@ -40,8 +43,9 @@ const ListLimit = 100
 // ErrNotFound means no refund with that id is visible to the principal.
 var ErrNotFound = errors.New("refund not found")
 
-// ErrPaymentProcessing means the payment has not been charged yet: it cannot
-// be refunded now, but may be soon. Nothing was recorded.
+// ErrPaymentProcessing means the payment's charge is not decided yet (it is
+// processing, or waiting for reconciliation): it cannot be refunded now, but
+// may be later. Nothing was recorded.
 var ErrPaymentProcessing = errors.New("payment is still processing")
 
 // ErrPaymentFailed is the business rejection of a refund of a payment that
@@ -104,7 +108,7 @@ func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal, pa
 		return Refund{}, err
 	}
 	switch p.Status {
-	case payments.StatusProcessing:
+	case payments.StatusProcessing, payments.StatusRequiresReconciliation:
 		return Refund{}, ErrPaymentProcessing
 	case payments.StatusFailed:
 		return Refund{}, ErrPaymentFailed
@@ -139,6 +143,27 @@ func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal, pa
 		return Refund{}, fmt.Errorf("enqueue refund: %w", database.Classify(err))
 	}
 	return r, nil
+}
+
+// Settle records the processor's answer for a refund not yet decided
+// (pending, or waiting for reconciliation) and reports whether it changed the
+// row. A refund that failed gives its amount back to the payment, once: only
+// the transaction that moves it to failed does. A refund waiting for
+// reconciliation keeps its amount counted, since the money may have moved.
+func Settle(ctx context.Context, tx pgx.Tx, r Refund, status string, reason *string, processorID string) (bool, error) {
+	tag, err := tx.Exec(ctx, `
+		UPDATE refunds SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
+		WHERE id = $1 AND status IN ('pending', 'requires_reconciliation') AND status <> $2`,
+		r.ID, status, reason, processorID)
+	if err != nil {
+		return false, fmt.Errorf("settle refund %s: %w", r.ID, database.Classify(err))
+	}
+	if tag.RowsAffected() == 1 && status == StatusFailed {
+		if err := payments.AddRefunded(ctx, tx, r.PaymentID, -r.Amount); err != nil {
+			return false, fmt.Errorf("give back failed refund %s: %w", r.ID, err)
+		}
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 const columns = `id, payment_id, amount, currency, reason, status, failure_reason, created_at`

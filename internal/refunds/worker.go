@@ -27,8 +27,7 @@ func (Args) Kind() string { return "refund_payment" }
 
 // Worker sends a pending refund to the processor, keyed by the refund's id,
 // and records the answer with the job's completion in one transaction, as
-// payments.ChargeWorker does for charges. A refund that fails gives its
-// amount back to the payment.
+// payments.ChargeWorker does for charges (see Settle).
 type Worker struct {
 	river.WorkerDefaults[Args]
 	Pool      *database.Pool
@@ -54,17 +53,8 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 		return fmt.Errorf("refund %s: %w", r.ID, err)
 	}
 	return database.InTenantTx(ctx, w.Pool, job.Args.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `
-			UPDATE refunds SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
-			WHERE id = $1 AND status = 'pending'`,
-			r.ID, status, reason, res.ID)
-		if err != nil {
-			return fmt.Errorf("record refund %s: %w", r.ID, database.Classify(err))
-		}
-		if tag.RowsAffected() == 1 && status == StatusFailed {
-			if err := payments.AddRefunded(ctx, tx, r.PaymentID, -r.Amount); err != nil {
-				return fmt.Errorf("give back failed refund %s: %w", r.ID, err)
-			}
+		if _, err := Settle(ctx, tx, r, status, reason, res.ID); err != nil {
+			return err
 		}
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
 			return fmt.Errorf("complete refund job %s: %w", r.ID, database.Classify(err))

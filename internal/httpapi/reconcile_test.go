@@ -1,0 +1,188 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/reconcile"
+)
+
+// An outcome the processor never gave is never guessed. Every attempt of a
+// charge ends without an answer: on the last one the payment is recorded
+// requires_reconciliation, not failed. The reconciler then settles it from the
+// processor's ledger: succeeded when the processor charged (its replies were
+// lost), failed when it never processed the key (it was down).
+func TestAnUnknownOutcomeWaitsForReconciliation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		fault      processor.SimConfig
+		status     string
+		reason     any
+		effects    int
+		processor  bool // a processor id is recorded
+		lookupDown bool // the first reconciliation finds the processor down
+	}{
+		{name: "charged, every reply lost", fault: processor.SimConfig{DropRate: 1},
+			status: "succeeded", reason: nil, effects: 1, processor: true},
+		{name: "never processed, the processor down", fault: processor.SimConfig{ErrorRate: 1},
+			status: "failed", reason: "not_processed", effects: 0, lookupDown: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(o *options) { o.maxAttempts = 2 })
+			b.sim.SetConfig(tc.fault)
+			k := b.newKey(t, "acme", allScopes...)
+			r := b.post(t, "/v1/payments", k.Secret, "unknown", paymentBody)
+			require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+			id := decode(t, r.Body)["id"].(string)
+
+			got := b.settled(t, "/v1/payments/"+id, k.Secret)
+			require.Equal(t, "requires_reconciliation", got["status"], "an unknown outcome on the last attempt is not a failure")
+			require.Nil(t, got["failure_reason"])
+			require.Equal(t, tc.effects, b.sim.Effects(id))
+			requireProblem(t, b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`),
+				http.StatusConflict, "payment-processing")
+			require.EqualValues(t, 1, b.gauge(t, "reconciliation_waiting"))
+			require.Positive(t, b.gauge(t, "reconciliation_oldest_waiting_age_seconds"))
+
+			if tc.lookupDown {
+				res, err := b.reconciler.Run(context.Background())
+				require.NoError(t, err)
+				require.Equal(t, reconcile.Result{Examined: 1, Waiting: 1}, res, "a processor that cannot answer leaves it waiting")
+				require.Equal(t, "requires_reconciliation", decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)["status"])
+			}
+			b.sim.SetConfig(processor.SimConfig{})
+			res, err := b.reconciler.Run(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 1, res.Examined)
+			got = decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)
+			require.Equal(t, tc.status, got["status"])
+			require.Equal(t, tc.reason, got["failure_reason"])
+			require.Equal(t, tc.effects, b.sim.Effects(id), "reconciling never charges")
+			var processorID *string
+			require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT processor_id FROM payments WHERE id = $1`, id).Scan(&processorID))
+			require.Equal(t, tc.processor, processorID != nil)
+
+			require.Zero(t, b.gauge(t, "reconciliation_waiting"))
+			require.Zero(t, b.gauge(t, "reconciliation_oldest_waiting_age_seconds"))
+
+			again, err := b.reconciler.Run(context.Background())
+			require.NoError(t, err)
+			require.Zero(t, again.Examined, "a settled payment is not looked at again")
+		})
+	}
+}
+
+// A refund whose outcome stays unknown keeps its amount counted against the
+// payment (the money may have gone back to the customer), so what remains
+// cannot be refunded twice; the reconciler settles it from the ledger.
+func TestAnUnknownRefundKeepsItsAmountCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxAttempts = 2 })
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+
+	b.sim.SetConfig(processor.SimConfig{DropRate: 1})
+	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-1", `{"amount": 400}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	refund := decode(t, r.Body)["id"].(string)
+	require.Equal(t, "requires_reconciliation", b.settled(t, "/v1/refunds/"+refund, k.Secret)["status"])
+	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"], "not given back")
+
+	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-2", `{"amount": 1000}`),
+		http.StatusUnprocessableEntity, "refund-exceeds-payment")
+
+	b.sim.SetConfig(processor.SimConfig{})
+	res, err := b.reconciler.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, reconcile.Result{Examined: 1, Succeeded: 1}, res)
+	require.Equal(t, "succeeded", decode(t, b.get(t, "/v1/refunds/"+refund, k.Secret).Body)["status"])
+	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"])
+	require.Equal(t, 1, b.sim.Effects(refund))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`), "the refused refund recorded nothing")
+}
+
+// The transaction that records the last attempt's answer can itself fail
+// (here: the service role may not write the status). River then discards the
+// job, and the payment would wait for ever. The reconciler finds it by the
+// job that ended without deciding it, and settles it.
+func TestAPaymentWhoseJobEndedUndecidedIsReconciled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxAttempts = 2 })
+	k := b.newKey(t, "acme", allScopes...)
+	ctx := context.Background()
+	_, err := b.admin.Exec(ctx, `REVOKE UPDATE (status) ON payments FROM payments_app`)
+	require.NoError(t, err)
+
+	r := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	id := decode(t, r.Body)["id"].(string)
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'charge_payment' AND state = 'discarded'`) == 1
+	}, settleWithin, 20*time.Millisecond, "the job was never discarded")
+	require.Equal(t, "processing", decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)["status"])
+	require.Equal(t, 1, b.sim.Effects(id), "the processor charged; the answer was never recorded")
+
+	_, err = b.admin.Exec(ctx, `GRANT UPDATE (status) ON payments TO payments_app`)
+	require.NoError(t, err)
+	res, err := b.reconciler.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, reconcile.Result{Examined: 1, Succeeded: 1}, res)
+	require.Equal(t, "succeeded", decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)["status"])
+}
+
+// A payment whose job was deleted (by an operator, or a role that could) is
+// found as well; the processor never saw it, so it failed.
+func TestAPaymentWhoseJobWasDeletedIsReconciled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.noWorkers = true })
+	k := b.newKey(t, "acme", allScopes...)
+	r := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	id := decode(t, r.Body)["id"].(string)
+
+	res, err := b.reconciler.Run(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Examined, "a payment whose job is waiting to run is the job's, not the reconciler's")
+
+	_, err = b.admin.Exec(context.Background(), `DELETE FROM river_job WHERE kind = 'charge_payment'`)
+	require.NoError(t, err)
+	res, err = b.reconciler.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, reconcile.Result{Examined: 1, Failed: 1}, res)
+	got := decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)
+	require.Equal(t, "failed", got["status"])
+	require.Equal(t, "not_processed", got["failure_reason"])
+}
+
+// gauge reads the current value of a gauge the service reports; it fails the
+// test when there is no such gauge.
+func (b *testBundle) gauge(t *testing.T, name string) float64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, b.metrics.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				require.Len(t, d.DataPoints, 1)
+				return float64(d.DataPoints[0].Value)
+			case metricdata.Gauge[float64]:
+				require.Len(t, d.DataPoints, 1)
+				return d.DataPoints[0].Value
+			}
+		}
+	}
+	require.Failf(t, "no such gauge", "%s", name)
+	return 0
+}

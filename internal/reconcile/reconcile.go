@@ -1,0 +1,156 @@
+// Package reconcile settles the payments and refunds whose outcome the
+// outbox could not decide, from the processor's own record.
+//
+// A worker that runs out of attempts without a definite answer records
+// requires_reconciliation: the processor may have moved the money on an
+// attempt whose reply was lost, so "failed" would be a guess. A job can also
+// end without deciding anything at all (its last deciding transaction failed,
+// its process was killed on the last attempt, someone deleted it), leaving a
+// payment processing with nothing left to run it. The Reconciler finds both
+// kinds, asks the processor what it did with the row's key (a lookup, which
+// never charges), and records that: charged means succeeded, declined or no
+// record means failed, and "cannot say" leaves the row waiting, in
+// requires_reconciliation, for the next run.
+//
+// It runs as a periodic outbox job (Worker) and as `api reconcile`.
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/refunds"
+)
+
+// Reconciler settles undecided payments and refunds.
+type Reconciler struct {
+	// Pool is the service role's: each row is settled in its own tenant.
+	Pool      *database.Pool
+	Processor processor.Processor
+	// Grace is how long a row must have existed, and its job have ended,
+	// before it is looked up: a call the job made may still reach the
+	// processor until then, and "no record" is only final after it cannot.
+	// Make it longer than the processor call's timeout.
+	Grace time.Duration
+	// Batch bounds the rows of each kind one run looks at.
+	Batch int
+}
+
+// Result counts what one run did.
+type Result struct {
+	Examined  int `json:"examined"`
+	Succeeded int `json:"succeeded"` // the processor moved the money
+	Failed    int `json:"failed"`    // it declined, refused, or has no record
+	// Waiting is what stays requires_reconciliation: the processor could not
+	// say this time.
+	Waiting int `json:"waiting"`
+}
+
+type candidate struct {
+	kind, status  string
+	id, principal uuid.UUID
+}
+
+// Run settles every row that qualifies now, up to Batch of each kind. A row
+// the processor cannot answer for is counted as waiting; an error ends the
+// run (the rows already settled stay settled).
+func (r *Reconciler) Run(ctx context.Context) (Result, error) {
+	var list []candidate
+	err := r.Pool.WithConn(ctx, func(c database.DBTX) error {
+		rows, err := c.Query(ctx, `SELECT kind, id, principal_id, status FROM reconciliation_candidates($1, $2)`, r.Grace, r.Batch)
+		if err != nil {
+			return err
+		}
+		list, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
+			var c candidate
+			err := row.Scan(&c.kind, &c.id, &c.principal, &c.status)
+			return c, err
+		})
+		return err
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("find rows to reconcile: %w", database.Classify(err))
+	}
+	var res Result
+	for _, c := range list {
+		status, err := r.settle(ctx, c)
+		if err != nil {
+			return res, err
+		}
+		res.Examined++
+		switch status {
+		case payments.StatusSucceeded:
+			res.Succeeded++
+		case payments.StatusFailed:
+			res.Failed++
+		default:
+			res.Waiting++
+		}
+	}
+	return res, nil
+}
+
+// settle looks one row up at the processor and records the answer. Its
+// UPDATE only moves a row that is still undecided, so a worker that decided
+// it meanwhile wins, and a second reconciler changes nothing.
+func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
+	op := processor.OpCharge
+	if c.kind == "refund" {
+		op = processor.OpRefund
+	}
+	res, lookupErr := r.Processor.Lookup(ctx, op, c.id.String())
+	status, reason := payments.Outcome(lookupErr, true)
+	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
+		if c.kind == "payment" {
+			_, err := payments.Settle(ctx, tx, c.id, status, reason, res.ID)
+			return err
+		}
+		rf, err := refunds.Get(ctx, tx, c.id)
+		if err != nil {
+			return err
+		}
+		_, err = refunds.Settle(ctx, tx, rf, status, reason, res.ID)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("reconcile %s %s: %w", c.kind, c.id, err)
+	}
+	return status, nil
+}
+
+// Args is the periodic outbox job that runs the Reconciler.
+type Args struct{}
+
+// Kind names the job in River's table.
+func (Args) Kind() string { return "reconcile" }
+
+// InsertOpts: one attempt; the next period is the retry.
+func (Args) InsertOpts() river.InsertOpts { return river.InsertOpts{MaxAttempts: 1} }
+
+// Worker runs the Reconciler as an outbox job.
+type Worker struct {
+	river.WorkerDefaults[Args]
+	Reconciler *Reconciler
+}
+
+// Work runs one reconciliation.
+func (w *Worker) Work(ctx context.Context, _ *river.Job[Args]) error {
+	_, err := w.Reconciler.Run(ctx)
+	return err
+}
+
+// Periodic returns the periodic job that runs the Reconciler every interval,
+// and once when the outbox starts, on the elected leader only.
+func Periodic(interval time.Duration) *river.PeriodicJob {
+	return river.NewPeriodicJob(river.PeriodicInterval(interval),
+		func() (river.JobArgs, *river.InsertOpts) { return Args{}, nil },
+		&river.PeriodicJobOpts{RunOnStart: true})
+}
