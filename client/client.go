@@ -7,9 +7,10 @@
 // openapi.yaml by oapi-codegen (go generate ./client); this file is the thin
 // layer on top that decides what to retry:
 //
-//   - a network error, and 408, 409, 429, 500, 502, 503 and 504 are retried
-//     with the same key, waiting at least Retry-After and otherwise a
-//     jittered exponential backoff, until the call's deadline;
+//   - a network error, a 2xx whose body arrived cut short or unreadable,
+//     and 408, 409, 429, 500, 502, 503 and 504 are retried with the same
+//     key, waiting at least Retry-After and otherwise a jittered
+//     exponential backoff, until the call's deadline;
 //   - every other 4xx is returned at once as an *Error: sending the same
 //     request again will not change it, and sending it with a new key
 //     could charge twice;
@@ -245,8 +246,8 @@ type RetryError struct {
 	// MayHaveTakenEffect is true.
 	Key string
 	// MayHaveTakenEffect is true when some attempt was sent and got no
-	// definite "no effect": a network error after sending, or 503
-	// outcome-unknown.
+	// definite "no effect": a network error after sending, 503
+	// outcome-unknown, or a 2xx whose body could not be read.
 	MayHaveTakenEffect bool
 	Attempts           int
 	// Last is the last attempt's error: an *Error, a network error or the
@@ -286,6 +287,7 @@ func (c *Client) call(ctx context.Context, o callOptions, method, path string, o
 	maybe := false
 	var last error
 	for n := 1; ; n++ {
+		bodyLost := false
 		req, err := build()
 		if err != nil {
 			return fmt.Errorf("payments API: build request: %w", err)
@@ -307,8 +309,16 @@ func (c *Client) call(ctx context.Context, o callOptions, method, path string, o
 			last = decode(resp, out)
 			retryAfter = parseRetryAfter(resp.Header.Get("Retry-After"))
 			var pe *Error
-			if errors.As(last, &pe) && pe.Slug() == "outcome-unknown" {
+			switch {
+			case errors.As(last, &pe) && pe.Slug() == "outcome-unknown":
 				maybe = true
+			case last != nil && status >= 200 && status < 300:
+				// A 2xx whose body was cut short or unreadable: the request
+				// took effect, and only a retry with the same key (a replay)
+				// can say what it made. Never a plain error, which a caller
+				// could take as "failed" and retry with a new key.
+				bodyLost = true
+				maybe = maybe || key != ""
 			}
 		}
 		a := Attempt{Method: method, Path: path, Key: key, N: n, StatusCode: status, Header: header, Err: err, Duration: time.Since(began)}
@@ -317,7 +327,7 @@ func (c *Client) call(ctx context.Context, o callOptions, method, path string, o
 				hook(a)
 			}
 		}
-		if err == nil && !retryable(status) {
+		if err == nil && !retryable(status) && !bodyLost {
 			return last // nil for a 2xx
 		}
 		if ctx.Err() != nil {

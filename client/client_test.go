@@ -20,7 +20,7 @@ import (
 // (TestClientThroughConnectionCuts).
 
 const paymentJSON = `{"id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","amount":2500,"amount_refunded":0,"currency":"usd",
-"status":"processing","failure_reason":null,"description":null,"metadata":{},"created_at":"2026-12-03T10:15:30Z"}`
+"status":"processing","failure_reason":null,"description":null,"metadata":{},"livemode":false,"created_at":"2026-12-03T10:15:30Z"}`
 
 // script answers the n-th request (from 0) with answers[n], the last one
 // repeated; an answer of status 0 drops the connection without a response.
@@ -200,4 +200,30 @@ func TestStopsWhenTheContextEnds(t *testing.T) {
 	var re *client.RetryError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, 1, re.Attempts, "a Retry-After past the deadline ends the call")
+}
+
+// A 201 whose body arrives cut short committed a payment the caller cannot
+// see: the client retries with the same key and learns it from the replay,
+// and at the deadline says it may have taken effect, with the key. Never a
+// plain error a caller could answer with a new key and a second payment.
+func TestACutShort2xxIsRetriedWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	cut := paymentJSON[:len(paymentJSON)/2]
+	c, s := start(t, fast, answer{status: 201, body: cut}, answer{status: 201, body: paymentJSON})
+	p, err := c.CreatePayment(context.Background(), newPayment)
+	require.NoError(t, err)
+	require.Equal(t, "01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b", p.Id.String())
+	keys, _ := s.attempts()
+	require.Len(t, keys, 2)
+	require.Equal(t, keys[0], keys[1])
+
+	c, s = start(t, client.RetryPolicy{MaxElapsed: 100 * time.Millisecond, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond},
+		answer{status: 201, body: cut})
+	_, err = c.CreatePayment(context.Background(), newPayment)
+	var re *client.RetryError
+	require.ErrorAs(t, err, &re)
+	require.True(t, re.MayHaveTakenEffect)
+	keys, _ = s.attempts()
+	require.Equal(t, keys[0], re.Key)
+	require.ErrorContains(t, re.Last, "decode 201 response")
 }

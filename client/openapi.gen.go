@@ -207,7 +207,7 @@ type NewRefund struct {
 // NewRefundReason defines model for NewRefund.Reason.
 type NewRefundReason string
 
-// Payment Example: {"amount":2500,"amount_refunded":0,"created_at":"2026-12-03T10:15:30.123456Z","currency":"usd","description":null,"failure_reason":null,"id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","metadata":{},"status":"processing"}
+// Payment Example: {"amount":2500,"amount_refunded":0,"created_at":"2026-12-03T10:15:30.123456Z","currency":"usd","description":null,"failure_reason":null,"id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","livemode":false,"metadata":{},"status":"processing"}
 type Payment struct {
 	Amount int64 `json:"amount"`
 
@@ -224,7 +224,12 @@ type Payment struct {
 	// status is `failed`.
 	FailureReason *string            `json:"failure_reason"`
 	Id            openapi_types.UUID `json:"id"`
-	Metadata      map[string]string  `json:"metadata"`
+
+	// Livemode `false` for a payment made in test mode: charged through the processor
+	// simulator, so no money moved (the default when `PROCESSOR_URL` is unset).
+	// `true` only when a real processor charged it. It never changes.
+	Livemode bool              `json:"livemode"`
+	Metadata map[string]string `json:"metadata"`
 
 	// Status `processing` from creation (the 201 says so, and so does its replay) until the
 	// processor has answered; then `succeeded` or `failed`. Read the final status
@@ -247,7 +252,7 @@ type Payment struct {
 // payment cannot be refunded until then (409 `payment-processing`).
 type PaymentStatus string
 
-// PaymentList Example: {"data":[{"amount":2500,"amount_refunded":0,"created_at":"2026-12-03T10:15:30.123456Z","currency":"usd","description":null,"failure_reason":null,"id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","metadata":{},"status":"processing"}],"has_more":false}
+// PaymentList Example: {"data":[{"amount":2500,"amount_refunded":0,"created_at":"2026-12-03T10:15:30.123456Z","currency":"usd","description":null,"failure_reason":null,"id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","livemode":false,"metadata":{},"status":"processing"}],"has_more":false}
 type PaymentList struct {
 	Data []Payment `json:"data"`
 
@@ -295,7 +300,7 @@ type Problem struct {
 // ProblemType defines model for Problem.Type.
 type ProblemType string
 
-// Refund Example: {"amount":1000,"created_at":"2026-12-03T10:16:02.654321Z","currency":"usd","failure_reason":null,"id":"01936f4f-02d4-7a61-8c3b-2e9f0a1b2c3d","payment_id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","reason":"requested_by_customer","status":"pending"}
+// Refund Example: {"amount":1000,"created_at":"2026-12-03T10:16:02.654321Z","currency":"usd","failure_reason":null,"id":"01936f4f-02d4-7a61-8c3b-2e9f0a1b2c3d","livemode":false,"payment_id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","reason":"requested_by_customer","status":"pending"}
 type Refund struct {
 	Amount    int64     `json:"amount"`
 	CreatedAt time.Time `json:"created_at"`
@@ -306,8 +311,11 @@ type Refund struct {
 	// record of it at the processor). Null unless the status is `failed`.
 	FailureReason *string            `json:"failure_reason"`
 	Id            openapi_types.UUID `json:"id"`
-	PaymentId     openapi_types.UUID `json:"payment_id"`
-	Reason        *RefundReason      `json:"reason"`
+
+	// Livemode The payment's `livemode`; `false` means no money moves.
+	Livemode  bool               `json:"livemode"`
+	PaymentId openapi_types.UUID `json:"payment_id"`
+	Reason    *RefundReason      `json:"reason"`
 
 	// Status `pending` until the processor has answered, then `succeeded` or `failed`. A
 	// pending refund already counts against what remains refundable; a failed one
@@ -327,7 +335,7 @@ type RefundReason string
 // the reconciler settles it from the processor's record.
 type RefundStatus string
 
-// RefundList Example: {"data":[{"amount":1000,"created_at":"2026-12-03T10:16:02.654321Z","currency":"usd","failure_reason":null,"id":"01936f4f-02d4-7a61-8c3b-2e9f0a1b2c3d","payment_id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","reason":"requested_by_customer","status":"pending"}],"has_more":false}
+// RefundList Example: {"data":[{"amount":1000,"created_at":"2026-12-03T10:16:02.654321Z","currency":"usd","failure_reason":null,"id":"01936f4f-02d4-7a61-8c3b-2e9f0a1b2c3d","livemode":false,"payment_id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","reason":"requested_by_customer","status":"pending"}],"has_more":false}
 type RefundList struct {
 	Data    []Refund `json:"data"`
 	HasMore bool     `json:"has_more"`

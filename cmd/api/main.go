@@ -139,7 +139,16 @@ func migrateUp(ctx context.Context, cfg config.Config) error {
 }
 
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string) error {
+	if cfg.Sim != (config.SimSettings{}) {
+		return errors.New("PROCESSOR_SIM_* configure `api processor-sim` only: serve's in-process simulator never misbehaves; point PROCESSOR_URL at a processor-sim to test faults")
+	}
 	log.Info("starting", cfg.LogAttrs()...)
+	if !cfg.Livemode() {
+		log.Warn("TEST MODE: PROCESSOR_URL is unset, so payments are charged through the in-process simulator, which moves no money and succeeds every charge; every payment and refund says livemode: false. Set PROCESSOR_URL (and APP_ENV=production, which requires it) for real payments")
+	}
+	if cfg.MigrateOnStart {
+		log.Info("MIGRATE_ON_START is on (the development default): serve applies migrations with MIGRATE_DATABASE_URL, the owner's credentials; in production run `api migrate up` as its own step (APP_ENV=production turns this off)")
+	}
 	if cfg.MigrateOnStart {
 		if err := migrateUp(ctx, cfg); err != nil {
 			return err
@@ -255,7 +264,11 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if (cfg.BenchmarkIdempotencyBypass || cfg.BenchmarkRedisPeer != "") && !httpapi.BenchmarkBypassAvailable {
 		return errors.New("BENCHMARK_IDEMPOTENCY_BYPASS and BENCHMARK_REDIS_PEER need a binary built with -tags benchmark (the load test builds one); production binaries have neither")
 	}
+	if err := registerLivemode(tel.MeterProvider, cfg.Livemode()); err != nil {
+		return err
+	}
 	handler := httpapi.New(httpapi.Deps{
+		Livemode:           cfg.Livemode(),
 		Logger:             log,
 		Pool:               pool,
 		Idempotency:        executor,
@@ -343,11 +356,12 @@ func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 		if err != nil {
 			return nil, fmt.Errorf("listen for the processor simulator: %w", err)
 		}
-		srv := &http.Server{Handler: processor.NewSimulator(simConfig(cfg)), ReadHeaderTimeout: 5 * time.Second}
+		// No fault switches here: they belong to `api processor-sim`.
+		srv := &http.Server{Handler: processor.NewSimulator(processor.SimConfig{Seed: uint64(time.Now().UnixNano())}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(l) }()
 		context.AfterFunc(ctx, func() { srv.Close() })
 		url = "http://" + l.Addr().String()
-		log.Info("processor simulator running in process; set PROCESSOR_URL for a real processor", "url", url)
+		log.Info("processor simulator running in process (test mode)", "url", url)
 	}
 	// Each call is a client span, a child of the job attempt that made it.
 	transport := otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))
@@ -392,6 +406,23 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 		TracerProvider: tel.TracerProvider,
 		MeterProvider:  tel.MeterProvider,
 	})
+}
+
+// registerLivemode reports processor_livemode: 1 when payments move real
+// money, 0 in test mode, so a dashboard or an alert sees a production
+// deployment that is charging the simulator.
+func registerLivemode(mp metric.MeterProvider, live bool) error {
+	v := int64(0)
+	if live {
+		v = 1
+	}
+	_, err := mp.Meter("github.com/payments-reference/idempotent-payments/cmd/api").Int64ObservableGauge("processor_livemode",
+		metric.WithDescription("1 when payments are charged through a real processor (PROCESSOR_URL), 0 in test mode (the in-process simulator: no money moves)."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error { o.Observe(v); return nil }))
+	if err != nil {
+		return fmt.Errorf("livemode gauge: %w", err)
+	}
+	return nil
 }
 
 func newReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor) *reconcile.Reconciler {

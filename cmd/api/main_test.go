@@ -123,8 +123,11 @@ func TestServe(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, nil, getenv, &bytes.Buffer{}) }()
+	var logs syncBuffer
+	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
 	waitOK(t, "http://"+addr+"/readyz")
+	// Without PROCESSOR_URL no money moves, and the log says so loudly.
+	require.Contains(t, logs.String(), `"level":"WARN","msg":"TEST MODE: PROCESSOR_URL is unset`)
 
 	// The container healthcheck's subcommand finds the running API, and
 	// fails where none listens.
@@ -142,9 +145,12 @@ func TestServe(t *testing.T) {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
+	created, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Server-Timing"), "claim;dur=")
+	require.Contains(t, string(created), `"livemode":false`, "the simulator's payments say they moved no money")
 
 	// What serve stores is the published window plus the margin, 24h + 1h
 	// by default: the promise in openapi.yaml, kept by the running binary.
@@ -166,6 +172,7 @@ func TestServe(t *testing.T) {
 		"idempotency_keys_rows", "idempotency_keys_bytes", "idempotency_oldest_live_key_age_seconds",
 		"idempotency_sweeper_deleted_rows_total", "idempotency_sweeper_last_run_timestamp_seconds",
 		"http_server_request_duration_seconds", `http_route="/v1/payments"`,
+		"processor_livemode 0", "reconciliation_waiting", "reconciliation_oldest_waiting_age_seconds",
 	} {
 		require.Contains(t, string(body), name)
 	}
@@ -177,6 +184,27 @@ func TestServe(t *testing.T) {
 	case <-time.After(25 * time.Second):
 		t.Fatal("serve did not stop after its context ended")
 	}
+}
+
+// A fork deployed with APP_ENV=production cannot charge the simulator or
+// hold the owner's credentials while serving; and serve has no fault switches.
+func TestProductionRefusesTestModeAndOwnerCredentials(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		vars map[string]string
+		want string
+	}{
+		{map[string]string{"APP_ENV": "production"}, "APP_ENV=production needs PROCESSOR_URL"},
+		{map[string]string{"APP_ENV": "production", "PROCESSOR_URL": "http://processor", "MIGRATE_ON_START": "true"}, "APP_ENV=production refuses MIGRATE_ON_START=true"},
+		{map[string]string{"APP_ENV": "staging"}, `APP_ENV="staging"`},
+		{map[string]string{"PROCESSOR_SIM_DROP_RATE": "0.5"}, "PROCESSOR_SIM_* configure `api processor-sim` only"},
+	} {
+		err := run(context.Background(), []string{"serve"}, env(tc.vars), &bytes.Buffer{})
+		require.ErrorContains(t, err, tc.want, "%v", tc.vars)
+	}
+	// `api reconcile` asks a real ledger or nothing.
+	err := run(context.Background(), []string{"reconcile"}, env(nil), &bytes.Buffer{})
+	require.ErrorContains(t, err, "api reconcile needs PROCESSOR_URL")
 }
 
 func freeAddr(t *testing.T) string {

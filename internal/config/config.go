@@ -16,6 +16,11 @@ import (
 
 // Config is every setting, with Defaults in one place.
 type Config struct {
+	// Env is "development" (the default) or "production" (APP_ENV). In
+	// production serve refuses what is only safe on a developer's machine:
+	// the in-process processor simulator (no money moves) and migrating on
+	// start (the serving process would hold the owner's credentials).
+	Env string
 	// Addr is where the API listens (ADDR).
 	Addr string
 	// MetricsAddr is where /metrics is served, apart from the API so that
@@ -58,8 +63,9 @@ type Config struct {
 	ProcessorURL string
 	// ProcessorTimeout bounds one processor call (PROCESSOR_TIMEOUT).
 	ProcessorTimeout time.Duration
-	// Sim configures the in-process simulator (PROCESSOR_SIM_*), and the
-	// processor-sim subcommand.
+	// Sim configures the processor-sim subcommand's simulator
+	// (PROCESSOR_SIM_*). serve refuses them: its in-process simulator never
+	// misbehaves, and a production binary has no fault switches.
 	Sim SimSettings
 	// OutboxWorkers is how many outbox jobs (processor calls) run at once
 	// (OUTBOX_WORKERS); 0 leaves the jobs to another process.
@@ -131,6 +137,7 @@ type Config struct {
 // Defaults returns the configuration used when no variable is set.
 func Defaults() Config {
 	return Config{
+		Env:                    EnvDevelopment,
 		Addr:                   ":8080",
 		MetricsAddr:            ":9090",
 		DatabaseURL:            "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
@@ -225,6 +232,14 @@ func Load(getenv func(string) string) (Config, error) {
 		*dst = b
 	}
 
+	str("APP_ENV", &c.Env)
+	switch c.Env {
+	case EnvDevelopment:
+	case EnvProduction:
+		c.MigrateOnStart = false // migrations are their own step: `api migrate up`
+	default:
+		errs = append(errs, fmt.Errorf("APP_ENV=%q: want development or production", c.Env))
+	}
 	str("ADDR", &c.Addr)
 	str("METRICS_ADDR", &c.MetricsAddr)
 	boolean("SERVER_TIMING", &c.ServerTiming)
@@ -297,6 +312,14 @@ func Load(getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("the outbox's retry schedule can last %s (OUTBOX_MAX_ATTEMPTS=%d, OUTBOX_RETRY_BASE=%s, OUTBOX_RETRY_MAX=%s, OUTBOX_RESCUE_AFTER=%s), not inside PROCESSOR_KEY_WINDOW=%s: a late retry could charge twice once the processor forgets the key",
 			last.Round(time.Second), c.OutboxMaxAttempts, c.OutboxRetryBase, c.OutboxRetryMax, c.OutboxRescueAfter, c.ProcessorKeyWindow))
 	}
+	if c.Env == EnvProduction {
+		if c.ProcessorURL == "" {
+			errs = append(errs, errors.New("APP_ENV=production needs PROCESSOR_URL: without it the service charges the in-process simulator, which moves no money and succeeds every charge"))
+		}
+		if c.MigrateOnStart {
+			errs = append(errs, errors.New("APP_ENV=production refuses MIGRATE_ON_START=true: the serving process would hold the owner's credentials; run `api migrate up` as its own step"))
+		}
+	}
 	if c.LockTimeout >= c.RequestTimeout {
 		errs = append(errs, fmt.Errorf("LOCK_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", c.LockTimeout, c.RequestTimeout))
 	}
@@ -305,6 +328,16 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	return c, nil
 }
+
+// The values of APP_ENV.
+const (
+	EnvDevelopment = "development"
+	EnvProduction  = "production"
+)
+
+// Livemode reports whether payments move real money: only through a
+// processor at PROCESSOR_URL. The in-process simulator is test mode.
+func (c Config) Livemode() bool { return c.ProcessorURL != "" }
 
 // SimSettings are the processor simulator's switches: latency before a call
 // is processed, and the share of calls that fail (503, no charge), are
@@ -341,6 +374,8 @@ func (c Config) Retention() time.Duration { return c.IdempotencyWindow + c.Idemp
 // LogAttrs returns the settings as log attributes, with passwords masked.
 func (c Config) LogAttrs() []any {
 	return []any{
+		slog.String("app_env", c.Env),
+		slog.Bool("livemode", c.Livemode()),
 		slog.String("addr", c.Addr),
 		slog.String("metrics_addr", c.MetricsAddr),
 		slog.Bool("server_timing", c.ServerTiming),

@@ -30,6 +30,9 @@ type Deps struct {
 	// Outbox takes the jobs a request inserts in its transaction: the
 	// processor calls of payments and refunds.
 	Outbox outbox.Inserter
+	// Livemode marks the payments this service creates: true only when the
+	// processor moves real money, false with the simulator (test mode).
+	Livemode bool
 	// MaxBodyBytes bounds request bodies (413 above it).
 	MaxBodyBytes int64
 	// RequestTimeout bounds each request's work.
@@ -68,11 +71,16 @@ type api struct {
 	outbox       outbox.Inserter
 	maxBodyBytes int64
 	serverTiming bool
+	livemode     bool
 }
 
 // New returns the API's handler.
 func New(d Deps) http.Handler {
-	a := &api{log: d.Logger, pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming}
+	log := d.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &api{log: slog.New(withRequestIDs(log.Handler())), pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming, livemode: d.Livemode}
 
 	r := chi.NewRouter()
 	// HEAD of every GET route answers like GET, without the body.

@@ -39,7 +39,7 @@ func (a *api) createPaymentWithoutIdempotency(w http.ResponseWriter, r *http.Req
 	p, _ := auth.FromContext(r.Context())
 	var resp idempotency.Response
 	err := database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{}, func(tx pgx.Tx) error {
-		pay, err := payments.Create(r.Context(), tx, a.outbox, p.ID, in)
+		pay, err := payments.Create(r.Context(), tx, a.outbox, p.ID, in, a.livemode)
 		if err != nil {
 			return err
 		}

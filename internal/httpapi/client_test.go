@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -19,14 +20,23 @@ import (
 
 // losingTransport loses a share of the responses to POSTs on their way back:
 // the server did the work and answered, and the client sees a broken
-// connection, as when a load balancer or a mobile network drops it.
+// connection, as when a load balancer or a mobile network drops it. Another
+// share arrives cut short: the status and headers, then half the body and a
+// broken connection.
 type losingTransport struct {
-	next  http.RoundTripper
-	share float64
-	lost  atomic.Int64
-	mu    sync.Mutex
-	rng   *rand.Rand
+	next      http.RoundTripper
+	share     float64
+	truncate  float64
+	lost      atomic.Int64
+	truncated atomic.Int64
+	mu        sync.Mutex
+	rng       *rand.Rand
 }
+
+// brokenReader fails as a connection that died mid-body.
+type brokenReader struct{}
+
+func (brokenReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
 
 var errResponseLost = errors.New("connection reset (the response was lost on its way back)")
 
@@ -36,22 +46,31 @@ func (l *losingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	l.mu.Lock()
-	lose := l.rng.Float64() < l.share
+	x := l.rng.Float64()
 	l.mu.Unlock()
-	if !lose {
-		return resp, nil
+	switch {
+	case x < l.share:
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		l.lost.Add(1)
+		return nil, errResponseLost
+	case x < l.share+l.truncate:
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		l.truncated.Add(1)
+		resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body[:len(body)/2]), brokenReader{}))
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	l.lost.Add(1)
-	return nil, errResponseLost
+	return resp, nil
 }
 
 // The client's half of the contract, against the real service and database:
 // every intent sent through the client package while COMMITs are cut before
 // and after reaching PostgreSQL, their replies swallowed, and responses lost
-// on the way back to the client, ends as exactly one payment, and the client
-// learns it.
+// or cut short on the way back to the client, ends as exactly one payment,
+// and the client learns it.
 func TestClientThroughConnectionCuts(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *options) {
@@ -79,7 +98,7 @@ func TestClientThroughConnectionCuts(t *testing.T) {
 		faults[a]++
 		return a
 	})
-	lossy := &losingTransport{next: http.DefaultTransport, share: 0.15, rng: rand.New(rand.NewPCG(3, 4))}
+	lossy := &losingTransport{next: http.DefaultTransport, share: 0.15, truncate: 0.15, rng: rand.New(rand.NewPCG(3, 4))}
 	var attempts, replays atomic.Int64
 	c, err := client.New(b.srv.URL, secret,
 		client.UseHTTPClient(&http.Client{Transport: lossy, Timeout: 10 * time.Second}),
@@ -116,10 +135,12 @@ func TestClientThroughConnectionCuts(t *testing.T) {
 		"an intent was paid twice")
 
 	mu.Lock()
-	t.Logf("%d intents, %d attempts, %d replays; COMMIT faults %v; responses lost %d", intents, attempts.Load(), replays.Load(), faults, lossy.lost.Load())
+	t.Logf("%d intents, %d attempts, %d replays; COMMIT faults %v; responses lost %d, cut short %d",
+		intents, attempts.Load(), replays.Load(), faults, lossy.lost.Load(), lossy.truncated.Load())
 	require.Positive(t, faults[faultproxy.CutBefore])
 	require.Positive(t, faults[faultproxy.CutAfter])
 	mu.Unlock()
 	require.Positive(t, lossy.lost.Load())
+	require.Positive(t, lossy.truncated.Load())
 	require.Positive(t, replays.Load(), "a committed attempt whose answer was lost is learned by a replay")
 }

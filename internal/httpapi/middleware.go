@@ -81,14 +81,13 @@ func accessLog(log *slog.Logger) func(http.Handler) http.Handler {
 			if rc := chi.RouteContext(r.Context()); rc != nil {
 				route = rc.RoutePattern()
 			}
+			// request_id and trace_id come from the logger (withRequestIDs).
 			log.InfoContext(r.Context(), "request",
-				"trace_id", traceID(r.Context()),
 				"method", r.Method,
 				"route", route,
 				"status", rec.status,
 				"bytes", rec.bytes,
 				"duration_ms", float64(time.Since(start).Microseconds())/1000,
-				"request_id", requestIDFrom(r.Context()),
 				"replayed", rec.Header().Get("Idempotent-Replayed") == "true",
 			)
 		})
@@ -159,8 +158,7 @@ func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(v), "stack", string(debug.Stack()),
-					"request_id", requestIDFrom(r.Context()))
+				log.ErrorContext(r.Context(), "panic", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 				writeProblem(w, r, newProblem(ptInternal, "The request had no effect. Retry with the same Idempotency-Key."))
 			}()
 			next.ServeHTTP(w, r)

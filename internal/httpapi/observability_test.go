@@ -223,6 +223,41 @@ func TestRequestLogLines(t *testing.T) {
 	require.EqualValues(t, 201, line["status"])
 }
 
+// A client reports a 500 with the X-Request-Id it got (also in the problem
+// body): the operator finds the error line that explains it, with the trace id,
+// by that id alone.
+func TestA500sLogLineIsFoundByItsRequestID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	_, err := b.admin.Exec(context.Background(), `
+		CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;
+		CREATE TRIGGER inject_failure BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION fail();`)
+	require.NoError(t, err)
+	r := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+	requireProblem(t, r, http.StatusInternalServerError, "internal-error")
+
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(b.logs.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m))
+		if m["request_id"] == r.Header.Get("X-Request-Id") {
+			lines = append(lines, m)
+		}
+	}
+	msgs := map[any]map[string]any{}
+	for _, l := range lines {
+		msgs[l["msg"]] = l
+		require.Regexp(t, `^[0-9a-f]{32}$`, l["trace_id"], "line %v", l)
+	}
+	failed := msgs["request failed"]
+	require.NotNil(t, failed, "the error line carries the request id; lines: %v", lines)
+	require.Equal(t, "ERROR", failed["level"])
+	require.Contains(t, failed["error"], "injected failure")
+	require.NotNil(t, msgs["request"], "and so does the access line")
+	require.Equal(t, msgs["request"]["trace_id"], failed["trace_id"])
+}
+
 // One trace shows the request, the outbox job that charged its payment, and
 // the processor call the job made.
 func TestChargeIsTracedInTheRequestsTrace(t *testing.T) {

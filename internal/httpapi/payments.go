@@ -37,7 +37,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, tx pgx.Tx) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, tx, a.outbox, req.Principal, in)
+			p, err := payments.Create(ctx, tx, a.outbox, req.Principal, in, a.livemode)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}

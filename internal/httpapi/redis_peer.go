@@ -60,7 +60,7 @@ func (a *api) createPaymentRedisClaim(w http.ResponseWriter, r *http.Request, rd
 	}
 	var resp idempotency.Response
 	err = database.InTenantTx(ctx, a.pool, req.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
-		pay, err := payments.Create(ctx, tx, a.outbox, req.Principal, in)
+		pay, err := payments.Create(ctx, tx, a.outbox, req.Principal, in, a.livemode)
 		if err != nil {
 			return err
 		}

@@ -149,7 +149,7 @@ func (l *Lab) pay(ctx context.Context, e *idempotency.Executor, principal uuid.U
 	in := payments.NewPayment{Amount: &amount, Currency: "usd", Metadata: map[string]string{"intent": key}}
 	return e.Do(ctx, req, idempotency.Operation{
 		Execute: func(ctx context.Context, tx pgx.Tx) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, tx, l.jobs, principal, in)
+			p, err := payments.Create(ctx, tx, l.jobs, principal, in, false)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}

@@ -56,7 +56,7 @@ func BenchmarkOutbox(b *testing.B) {
 				principal := uuid.New()
 				for pb.Next() {
 					err := database.InTenantTx(ctx, pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
-						_, err := payments.Create(ctx, tx, bc.jobs, principal, in)
+						_, err := payments.Create(ctx, tx, bc.jobs, principal, in, false)
 						return err
 					})
 					if err != nil {

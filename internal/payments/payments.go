@@ -58,7 +58,10 @@ type Payment struct {
 	FailureReason  *string           `json:"failure_reason"`
 	Description    *string           `json:"description"`
 	Metadata       map[string]string `json:"metadata"`
-	CreatedAt      time.Time         `json:"created_at"`
+	// Livemode is false for a payment charged through the simulator: no
+	// money moved. It never changes.
+	Livemode  bool      `json:"livemode"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // Refundable returns what can still be refunded.
@@ -119,9 +122,11 @@ func (n NewPayment) Validate() error {
 }
 
 // Create records a validated payment for principal in tx, and the job that
-// will charge it: both commit with tx or neither does.
-func Create(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal uuid.UUID, n NewPayment) (Payment, error) {
+// will charge it: both commit with tx or neither does. live says whether the
+// processor that will charge it moves real money (Payment.Livemode).
+func Create(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal uuid.UUID, n NewPayment, live bool) (Payment, error) {
 	p := Payment{
+		Livemode:    live,
 		ID:          uuid.Must(uuid.NewV7()), // time-ordered: new rows land at the right edge of the primary key index
 		Amount:      *n.Amount,
 		Currency:    strings.ToLower(n.Currency),
@@ -133,10 +138,10 @@ func Create(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal uuid
 		p.Metadata = map[string]string{}
 	}
 	err := tx.QueryRow(ctx, `
-		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, now())
+		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
 		RETURNING created_at`,
-		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata).Scan(&p.CreatedAt)
+		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode).Scan(&p.CreatedAt)
 	if err != nil {
 		return Payment{}, fmt.Errorf("insert payment: %w", database.Classify(err))
 	}
@@ -162,9 +167,9 @@ func GetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Payment, error)
 func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Payment, error) {
 	var p Payment
 	err := db.QueryRow(ctx, `
-		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, created_at
+		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
 		FROM payments WHERE id = $1`+lock, id).
-		Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.CreatedAt)
+		Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
 	}
@@ -182,7 +187,7 @@ const ListLimit = 100
 // it is not nil, and whether there are more.
 func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([]Payment, bool, error) {
 	rows, err := db.Query(ctx, `
-		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, created_at
+		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
 		FROM payments WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid AND ($1::uuid IS NULL OR id > $1)
 		ORDER BY id LIMIT $2`, after, limit+1)
 	if err != nil {
@@ -190,7 +195,7 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 	}
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) {
 		var p Payment
-		err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.CreatedAt)
+		err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt)
 		return p, err
 	})
 	if err != nil {

@@ -73,8 +73,10 @@ type Refund struct {
 	Reason    *string   `json:"reason"`
 	Status    string    `json:"status"`
 	// FailureReason says why a failed refund failed; null otherwise.
-	FailureReason *string   `json:"failure_reason"`
-	CreatedAt     time.Time `json:"created_at"`
+	FailureReason *string `json:"failure_reason"`
+	// Livemode is the payment's: false when no money moves.
+	Livemode  bool      `json:"livemode"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // NewRefund is a request to refund a payment. Amount nil means everything
@@ -127,12 +129,13 @@ func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal, pa
 		Currency:  p.Currency,
 		Reason:    n.Reason,
 		Status:    StatusPending,
+		Livemode:  p.Livemode,
 	}
 	err = tx.QueryRow(ctx, `
-		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, now())
+		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
 		RETURNING created_at`,
-		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status).Scan(&r.CreatedAt)
+		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode).Scan(&r.CreatedAt)
 	if err != nil {
 		return Refund{}, fmt.Errorf("insert refund: %w", database.Classify(err))
 	}
@@ -166,11 +169,11 @@ func Settle(ctx context.Context, tx pgx.Tx, r Refund, status string, reason *str
 	return tag.RowsAffected() == 1, nil
 }
 
-const columns = `id, payment_id, amount, currency, reason, status, failure_reason, created_at`
+const columns = `id, payment_id, amount, currency, reason, status, failure_reason, livemode, created_at`
 
 func scan(row pgx.Row) (Refund, error) {
 	var r Refund
-	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.FailureReason, &r.CreatedAt)
+	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.FailureReason, &r.Livemode, &r.CreatedAt)
 	return r, err
 }
 

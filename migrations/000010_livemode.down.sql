@@ -1,0 +1,4 @@
+BEGIN;
+ALTER TABLE refunds DROP COLUMN livemode;
+ALTER TABLE payments DROP COLUMN livemode;
+COMMIT;
