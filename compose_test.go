@@ -23,6 +23,10 @@ func TestComposeFile(t *testing.T) {
 			Ports       []string          `yaml:"ports"`
 			Volumes     []string          `yaml:"volumes"`
 			Restart     string            `yaml:"restart"`
+			Command     []string          `yaml:"command"`
+			DependsOn   map[string]struct {
+				Condition string `yaml:"condition"`
+			} `yaml:"depends_on"`
 			Healthcheck struct {
 				Test []string `yaml:"test"`
 			} `yaml:"healthcheck"`
@@ -62,9 +66,17 @@ func TestComposeFile(t *testing.T) {
 	api := compose.Services["api"].Environment
 	require.Equal(t, "http://jaeger:4318", api["OTEL_EXPORTER_OTLP_ENDPOINT"])
 	require.Equal(t, ":9090", api["METRICS_ADDR"])
-	for _, url := range []string{"DATABASE_URL", "MIGRATE_DATABASE_URL", "MAINTENANCE_DATABASE_URL"} {
+	for _, url := range []string{"DATABASE_URL", "MAINTENANCE_DATABASE_URL"} {
 		require.Contains(t, api[url], "@postgres:5432/payments")
 	}
+	// The serving process holds no owner credentials: migrations are a
+	// one-shot service the API waits for.
+	require.Empty(t, api["MIGRATE_DATABASE_URL"])
+	require.Equal(t, "false", api["MIGRATE_ON_START"])
+	migrate := compose.Services["migrate"]
+	require.Equal(t, []string{"migrate", "up"}, migrate.Command)
+	require.Contains(t, migrate.Environment["MIGRATE_DATABASE_URL"], "@postgres:5432/payments")
+	require.Equal(t, "service_completed_successfully", compose.Services["api"].DependsOn["migrate"].Condition)
 
 	prom, err := os.ReadFile("docker/prometheus.yml")
 	require.NoError(t, err)

@@ -255,3 +255,81 @@ func TestServiceRoleHasLeastPrivilege(t *testing.T) {
 		}
 	})
 }
+
+// Every SECURITY DEFINER function belongs to payments_definer, which cannot
+// log in, is no superuser and bypasses no policy: a flaw in a function runs
+// with its few rights, never the superuser's.
+func TestDefinerFunctionsAreOwnedByARoleOfTheirOwn(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, 1)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.AdminURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `
+		SELECT p.proname, pg_get_userbyid(p.proowner) FROM pg_proc p
+		WHERE p.prosecdef AND p.pronamespace = 'public'::regnamespace ORDER BY 1`)
+	require.NoError(t, err)
+	owners := map[string]string{}
+	for rows.Next() {
+		var name, owner string
+		require.NoError(t, rows.Scan(&name, &owner))
+		owners[name] = owner
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]string{
+		"add_idempotency_key_claims": "payments_definer",
+		"authenticate_api_key":       "payments_definer",
+		"reconciliation_backlog":     "payments_definer",
+		"reconciliation_candidates":  "payments_definer",
+	}, owners)
+	var login, super, bypass, create bool
+	require.NoError(t, conn.QueryRow(ctx, `
+		SELECT rolcanlogin, rolsuper, rolbypassrls, has_schema_privilege('payments_definer', 'public', 'CREATE')
+		FROM pg_roles WHERE rolname = 'payments_definer'`).Scan(&login, &super, &bypass, &create))
+	require.False(t, login)
+	require.False(t, super)
+	require.False(t, bypass)
+	require.False(t, create, "CREATE on the schema is granted only for the handover")
+	// It reads undecided rows' ids across tenants, never a payment's amount
+	// or metadata, and writes no tenant table.
+	var canAmount, canWrite bool
+	require.NoError(t, conn.QueryRow(ctx, `
+		SELECT has_column_privilege('payments_definer', 'payments', 'amount', 'SELECT'),
+		       has_table_privilege('payments_definer', 'payments', 'INSERT, UPDATE, DELETE')
+		    OR has_table_privilege('payments_definer', 'refunds', 'INSERT, UPDATE, DELETE')
+		    OR has_table_privilege('payments_definer', 'idempotency_keys', 'SELECT, INSERT, UPDATE, DELETE')`).Scan(&canAmount, &canWrite))
+	require.False(t, canAmount)
+	require.False(t, canWrite)
+}
+
+// What the service role may do to the outbox, exactly as README.md ("Database
+// roles") states it: River's client needs all four on river_job (its cleaner
+// deletes finished jobs, its rescuer and completer update them). So a
+// compromised service can delete or complete a pending charge job; the
+// reconciler then finds the payment undecided without a live job and settles
+// it from the processor's ledger (internal/httpapi's
+// TestAPaymentWhoseJobWasDeletedIsReconciled), so no payment is stranded.
+func TestServiceRolesPrivilegesOnTheOutbox(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, 1)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.AdminURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `
+		SELECT table_name || ' ' || string_agg(privilege_type, ',' ORDER BY privilege_type)
+		FROM information_schema.role_table_grants
+		WHERE grantee = 'payments_app' AND table_name LIKE 'river%'
+		GROUP BY table_name ORDER BY table_name`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		"river_job DELETE,INSERT,SELECT,UPDATE",
+		"river_leader DELETE,INSERT,SELECT,UPDATE",
+		"river_migration SELECT",
+		"river_notification DELETE,INSERT,SELECT,UPDATE",
+		"river_queue DELETE,INSERT,SELECT,UPDATE",
+	}, got)
+}

@@ -1,8 +1,9 @@
 BEGIN;
 DROP FUNCTION reconciliation_backlog();
 DROP FUNCTION reconciliation_candidates(interval, int);
-DROP POLICY refunds_owner_read ON refunds;
-DROP POLICY payments_owner_read ON payments;
+DROP POLICY refunds_definer_read ON refunds;
+DROP POLICY payments_definer_read ON payments;
+REVOKE SELECT (id, principal_id, status, created_at) ON payments, refunds FROM payments_definer;
 DROP INDEX refunds_undecided_idx;
 DROP INDEX payments_undecided_idx;
 -- Rows in requires_reconciliation cannot be represented before this

@@ -24,13 +24,12 @@ CREATE INDEX payments_undecided_idx ON payments (created_at)
 CREATE INDEX refunds_undecided_idx ON refunds (created_at)
     WHERE status IN ('pending', 'requires_reconciliation');
 
--- The two functions below run as the tables' owner (SECURITY DEFINER). The
--- tables FORCE row-level security, so the owner is held to the policies too
--- and, having none, would see no row (a superuser owner bypasses them all the
--- same). This lets the owner read, never write, across tenants; it owns the
--- tables and could switch the policies off anyway, so it gains nothing.
-CREATE POLICY payments_owner_read ON payments FOR SELECT TO CURRENT_USER USING (true);
-CREATE POLICY refunds_owner_read ON refunds FOR SELECT TO CURRENT_USER USING (true);
+-- The two functions below run as payments_definer (000009), which reads the
+-- undecided rows of every tenant and nothing else. The tables FORCE
+-- row-level security, so it needs policies of its own: read only.
+GRANT SELECT (id, principal_id, status, created_at) ON payments, refunds TO payments_definer;
+CREATE POLICY payments_definer_read ON payments FOR SELECT TO payments_definer USING (true);
+CREATE POLICY refunds_definer_read ON refunds FOR SELECT TO payments_definer USING (true);
 
 -- What the reconciler must settle, across every tenant: everything in
 -- `requires_reconciliation`, and everything still `processing`/`pending`
@@ -42,10 +41,10 @@ CREATE POLICY refunds_owner_read ON refunds FOR SELECT TO CURRENT_USER USING (tr
 -- final only after it can no longer arrive.
 --
 -- SECURITY DEFINER, as authenticate_api_key: the service role sees one
--- tenant at a time and cannot read River's jobs across tenants, yet the
--- reconciler must find work in all of them. It gets ids, then settles each
+-- tenant at a time, yet the reconciler must find work in all of them. It gets ids, then settles each
 -- row in that row's tenant like any other request. plpgsql because River's
--- tables are created after this file (by rivermigrate).
+-- tables are created after this file (by rivermigrate); river_grants.sql
+-- lets payments_definer read river_job.
 CREATE FUNCTION reconciliation_candidates(grace interval, max_rows int)
     RETURNS TABLE (kind text, id uuid, principal_id uuid, status text, created_at timestamptz)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -74,6 +73,8 @@ BEGIN
      ORDER BY r.created_at LIMIT max_rows);
 END
 $$;
+GRANT CREATE ON SCHEMA public TO payments_definer; -- for the handover (000009)
+ALTER FUNCTION reconciliation_candidates(interval, int) OWNER TO payments_definer;
 REVOKE ALL ON FUNCTION reconciliation_candidates(interval, int) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION reconciliation_candidates(interval, int) TO payments_app;
 
@@ -90,6 +91,8 @@ AS $$
           UNION ALL
           SELECT created_at FROM refunds WHERE status = 'requires_reconciliation') u
 $$;
+ALTER FUNCTION reconciliation_backlog() OWNER TO payments_definer;
+REVOKE CREATE ON SCHEMA public FROM payments_definer;
 REVOKE ALL ON FUNCTION reconciliation_backlog() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION reconciliation_backlog() TO payments_maintenance;
 
