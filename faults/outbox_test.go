@@ -33,7 +33,8 @@ type rig struct {
 
 // newRig starts the API with a simulator configured by sim; the outbox's
 // timeouts are short so that a killed worker's job is rescued in seconds.
-func newRig(t *testing.T, sim processor.SimConfig) *rig {
+// env overrides the API's settings.
+func newRig(t *testing.T, sim processor.SimConfig, env ...string) *rig {
 	t.Helper()
 	// The API's pool (6) and maintenance pool (2), the test's own (2), spare.
 	db := testdb.New(t, 12)
@@ -60,7 +61,7 @@ func newRig(t *testing.T, sim processor.SimConfig) *rig {
 	dir := t.TempDir()
 	bin, err := buildAPI(ctx, dir, testWriter{t})
 	require.NoError(t, err)
-	r.api, err = newAPI(bin, filepath.Join(dir, "api.log"), []string{
+	r.api, err = newAPI(bin, filepath.Join(dir, "api.log"), append([]string{
 		"PROCESSOR_URL=http://" + ln.Addr().String(),
 		"PROCESSOR_TIMEOUT=4s",
 		"OUTBOX_WORKERS=4",
@@ -75,7 +76,7 @@ func newRig(t *testing.T, sim processor.SimConfig) *rig {
 		"MIGRATE_ON_START=false",
 		"DB_MAX_CONNS=6",
 		"LOG_LEVEL=warn",
-	})
+	}, env...))
 	require.NoError(t, err)
 	t.Cleanup(r.api.stop)
 	require.NoError(t, r.api.start(ctx))
@@ -182,6 +183,29 @@ func TestCrashBetweenChargeAndRecord(t *testing.T) {
 	r.sim.SetConfig(processor.SimConfig{})
 	require.NoError(t, r.api.start(context.Background()))
 	r.requireChargedOnce(ids, 30*time.Second)
+}
+
+// Killed during a job's last attempt, after the processor charged and before
+// the answer was recorded: River's rescuer finds the job running with no
+// attempt left and discards it, so no worker will ever decide the payment.
+// The reconciler finds each payment processing without a live job and settles
+// it from the processor's ledger: succeeded, charged exactly once.
+func TestCrashDuringTheLastAttempt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, processor.SimConfig{TimeoutRate: 1, Hold: 3 * time.Second},
+		"OUTBOX_MAX_ATTEMPTS=1", "RECONCILE_INTERVAL=1s", "RECONCILE_GRACE=5s")
+	ids := r.pay(4, 4)
+	require.Eventually(t, func() bool { return r.sim.Holding() >= 4 }, 10*time.Second, 10*time.Millisecond,
+		"the processor never charged")
+	r.api.kill9()
+	r.sim.SetConfig(processor.SimConfig{})
+	require.NoError(t, r.api.start(context.Background()))
+	// Rescue after 6 s, then the reconciler's 5 s grace and 1 s period.
+	r.requireChargedOnce(ids, 60*time.Second)
+	var discarded int
+	require.NoError(t, r.admin.QueryRow(context.Background(),
+		`SELECT count(*) FROM river_job WHERE kind = 'charge_payment' AND state = 'discarded'`).Scan(&discarded))
+	require.Equal(t, len(ids), discarded, "the jobs ended without deciding: the reconciler, not a worker, settled the payments")
 }
 
 // A soak through a processor that fails 20% of calls and drops the reply of
