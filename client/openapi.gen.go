@@ -272,7 +272,7 @@ type PaymentList struct {
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -365,7 +365,7 @@ type StartingAfter = openapi_types.UUID
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -394,7 +394,7 @@ type BadRequest = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -423,7 +423,7 @@ type Forbidden = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -452,7 +452,7 @@ type InProgress = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -481,7 +481,7 @@ type InternalError = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -510,7 +510,7 @@ type KeyReused = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -539,7 +539,7 @@ type NotFound = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -568,7 +568,7 @@ type PayloadTooLarge = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -597,7 +597,7 @@ type QuotaExceeded = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -626,7 +626,7 @@ type RequestTimeout = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -655,7 +655,7 @@ type Unauthorized = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |
@@ -684,7 +684,7 @@ type Unavailable = Problem
 // | `unauthenticated` | 401 | missing, unknown or revoked API key |
 // | `forbidden` | 403 | the key lacks the operation's scope |
 // | `not-found` | 404 | no such resource, or another principal's |
-// | `method-not-allowed` | 405 | the resource does not support the method |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
 // | `idempotency-request-in-progress` | 409 | another request with this key is running |
 // | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
 // | `payload-too-large` | 413 | body over the limit |

@@ -8,10 +8,11 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -83,11 +84,13 @@ func New(d Deps) http.Handler {
 	a := &api{log: slog.New(withRequestIDs(log.Handler())), pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming, livemode: d.Livemode}
 
 	r := chi.NewRouter()
-	// HEAD of every GET route answers like GET, without the body.
-	r.Use(middleware.GetHead)
-	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout))
+	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout), headAsGet)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errNotFound) })
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, a.log, errMethodNotAllowed) })
+	var routes chi.Routes // set below, once every route is mounted
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allowed(routes, r.URL.Path))
+		writeError(w, r, a.log, errMethodNotAllowed)
+	})
 
 	r.Get("/healthz", a.healthz)
 	r.Get("/readyz", a.readyz)
@@ -103,7 +106,40 @@ func New(d Deps) http.Handler {
 	if d.BenchmarkRedisPeer != "" {
 		a.mountRedisPeer(r, d.BenchmarkRedisPeer)
 	}
+	routes = flatten(r)
 	return r
+}
+
+// flatten copies a router's routes, every mounted router's included, into
+// one router without mounts, whose Match answers "is method served at
+// path?" exactly: chi's Match on a router with mounts also matches the
+// mounts' catch-all stubs, for any method.
+func flatten(router chi.Routes) chi.Routes {
+	flat := chi.NewRouter()
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	// Walk fails only when its callback does, and this one never does.
+	_ = chi.Walk(router, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		route = strings.ReplaceAll(route, "/*", "")
+		flat.Method(method, route, noop)
+		if trimmed := strings.TrimSuffix(route, "/"); trimmed != "" && trimmed != route {
+			flat.Method(method, trimmed, noop)
+		}
+		return nil
+	})
+	return flat
+}
+
+// allowed lists the methods served at path, for a 405's Allow header (RFC
+// 9110 requires one; chi gives a custom 405 handler no access to its list).
+// HEAD comes with every GET (headAsGet).
+func allowed(routes chi.Routes, path string) string {
+	var methods []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if routes.Match(chi.NewRouteContext(), m, path) || (m == http.MethodHead && slices.Contains(methods, http.MethodGet)) {
+			methods = append(methods, m)
+		}
+	}
+	return strings.Join(methods, ", ")
 }
 
 // healthz answers as long as the process serves HTTP; it needs nothing else,

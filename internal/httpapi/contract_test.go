@@ -123,17 +123,70 @@ func TestServesTheSpecAndItsReferencePage(t *testing.T) {
 	require.Greater(t, len(script.Body), 100_000)
 }
 
-// HEAD of a GET route answers like GET, without a body, instead of 405.
-func TestHeadAnswersLikeGet(t *testing.T) {
+// servedRoutes maps each route the router serves (with {id} as in the spec)
+// to its methods.
+func servedRoutes(t *testing.T, h http.Handler) map[string][]string {
+	t.Helper()
+	routes := map[string][]string{}
+	err := chi.Walk(h.(chi.Routes), func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		if route != "/" {
+			route = strings.TrimSuffix(route, "/")
+		}
+		route = strings.ReplaceAll(route, "/*", "")
+		routes[route] = append(routes[route], method)
+		return nil
+	})
+	require.NoError(t, err)
+	return routes
+}
+
+// HEAD of every GET route answers like GET (the same status and headers,
+// no body), instead of 405; and every 405 says in Allow what the resource
+// does allow (RFC 9110, 15.5.6).
+func TestHeadAnswersLikeGetAndEvery405SaysWhatIsAllowed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	k := b.newKey(t, "acme", allScopes...)
-	r := b.post(t, "/v1/payments", k.Secret, "head", paymentBody)
-	require.Equal(t, http.StatusCreated, r.Status)
-	for _, path := range []string{"/healthz", "/openapi.yaml", "/v1/payments/" + decode(t, r.Body)["id"].(string)} {
-		h := b.do(t, call{method: http.MethodHead, path: path, secret: k.Secret, offSpec: true})
-		require.Equal(t, http.StatusOK, h.Status, path)
-		require.Empty(t, h.Body, path)
-		require.NotEmpty(t, h.Header.Get("Content-Type"), path)
+	pay := b.createPayment(t, k.Secret, 1000)
+	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	refund := decode(t, r.Body)["id"].(string)
+	concrete := func(route string) string {
+		if strings.HasPrefix(route, "/v1/refunds/") {
+			return strings.ReplaceAll(route, "{id}", refund)
+		}
+		return strings.ReplaceAll(route, "{id}", pay)
 	}
+
+	routes := servedRoutes(t, b.handler)
+	gets := 0
+	for route, methods := range routes {
+		path := concrete(route)
+		if slices.Contains(methods, http.MethodGet) {
+			gets++
+			for _, p := range []string{path, path + "?limit=1"} {
+				get := b.do(t, call{method: http.MethodGet, path: p, secret: k.Secret, offSpec: true})
+				head := b.do(t, call{method: http.MethodHead, path: p, secret: k.Secret, offSpec: true})
+				require.Equal(t, get.Status, head.Status, "HEAD %s", p)
+				require.Equal(t, get.Header.Get("Content-Type"), head.Header.Get("Content-Type"), "HEAD %s", p)
+				require.Empty(t, head.Body, "HEAD %s", p)
+			}
+		}
+		want := slices.Clone(methods)
+		if slices.Contains(want, http.MethodGet) {
+			want = append(want, http.MethodHead)
+		}
+		slices.Sort(want)
+		for _, m := range []string{http.MethodDelete, http.MethodPut, http.MethodPatch, http.MethodPost} {
+			if slices.Contains(methods, m) {
+				continue
+			}
+			got := b.do(t, call{method: m, path: path, secret: k.Secret, offSpec: true})
+			require.Equal(t, http.StatusMethodNotAllowed, got.Status, "%s %s", m, path)
+			allow := strings.Split(got.Header.Get("Allow"), ", ")
+			slices.Sort(allow)
+			require.Equal(t, want, allow, "Allow of %s", path)
+		}
+	}
+	require.GreaterOrEqual(t, gets, 8, "every GET route was tried: %v", routes)
 }

@@ -166,6 +166,28 @@ func recoverer(log *slog.Logger) func(http.Handler) http.Handler {
 	}
 }
 
+// headAsGet answers HEAD on every GET route exactly as GET, without the
+// body (RFC 9110, 9.3.2): the request is routed as a GET, and what the
+// handler writes is dropped. It runs last, so the access log and the span
+// still say HEAD. (chi's middleware.GetHead looks the route up ahead of
+// routing and missed /v1/payments, which sits at a mounted router's root.)
+func headAsGet(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodHead {
+			next.ServeHTTP(w, r)
+			return
+		}
+		get := r.WithContext(r.Context())
+		get.Method = http.MethodGet
+		next.ServeHTTP(bodiless{w}, get)
+	})
+}
+
+// bodiless discards the body of a response to HEAD.
+type bodiless struct{ http.ResponseWriter }
+
+func (b bodiless) Write(p []byte) (int, error) { return len(p), nil }
+
 // timeout bounds a request's work: database calls honour the context, and an
 // expired one surfaces as context.DeadlineExceeded, which maps to 503.
 func timeout(d time.Duration) func(http.Handler) http.Handler {
