@@ -714,7 +714,8 @@ type ListPaymentsParams struct {
 
 // CreatePaymentParams defines parameters for CreatePayment.
 type CreatePaymentParams struct {
-	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters. Scoped to your
+	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
+	// quoted Structured Field string (`"abc"` is the key `abc`). Scoped to your
 	// principal and this endpoint. Retries with the same key within 24 hours get the
 	// original response.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
@@ -733,7 +734,8 @@ type ListRefundsParams struct {
 
 // CreateRefundParams defines parameters for CreateRefund.
 type CreateRefundParams struct {
-	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters. Scoped to your
+	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
+	// quoted Structured Field string (`"abc"` is the key `abc`). Scoped to your
 	// principal and this endpoint. Retries with the same key within 24 hours get the
 	// original response.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`

@@ -3,8 +3,10 @@ package httpapi
 import (
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
@@ -15,11 +17,12 @@ import (
 //
 // The scope's endpoint is the route template ("POST /v1/payments/{id}/refunds"),
 // so one key sent to two operations is two records; the fingerprint covers
-// the concrete path, so one key reused for a different payment's refund is a
-// mismatch, not a replay.
+// the request as the route understands it (canonicalTarget), so one key
+// reused for a different payment's refund is a mismatch, not a replay, while
+// every spelling the router accepts for one request is that one request.
 func idempotentRequest(r *http.Request, canonicalBody []byte) (idempotency.Request, error) {
-	key := r.Header.Get("Idempotency-Key")
-	if err := idempotency.ValidateKey(key); err != nil {
+	key, err := idempotency.ParseKey(r.Header.Get("Idempotency-Key"))
+	if err != nil {
 		return idempotency.Request{}, err
 	}
 	p, ok := auth.FromContext(r.Context())
@@ -32,9 +35,36 @@ func idempotentRequest(r *http.Request, canonicalBody []byte) (idempotency.Reque
 			Endpoint:  r.Method + " " + chi.RouteContext(r.Context()).RoutePattern(),
 			Key:       key,
 		},
-		Fingerprint: idempotency.Fingerprint(r.Method, r.URL.Path, canonicalBody),
+		Fingerprint: idempotency.Fingerprint(r.Method, canonicalTarget(r), canonicalBody),
 		RequestID:   requestIDFrom(r.Context()),
 	}, nil
+}
+
+// canonicalTarget is the path as the route understands it: the route
+// template without a trailing slash, its parameters filled in with their
+// canonical form (a UUID in lower case with hyphens, as the handler parses
+// it). /v1/payments and /v1/payments/, or a payment id in upper case, are
+// spellings of one request, so they must fingerprint alike: otherwise a retry
+// that spells it differently gets 422 "use a new key", and following that
+// advice would pay twice. For a request spelled canonically this is its path,
+// so fingerprints stored before it was introduced still match.
+func canonicalTarget(r *http.Request) string {
+	rc := chi.RouteContext(r.Context())
+	target := rc.RoutePattern()
+	if len(target) > 1 {
+		target = strings.TrimSuffix(target, "/")
+	}
+	for i, name := range rc.URLParams.Keys {
+		if name == "*" {
+			continue
+		}
+		v := rc.URLParams.Values[i]
+		if id, err := uuid.Parse(v); err == nil {
+			v = id.String()
+		}
+		target = strings.Replace(target, "{"+name+"}", v, 1)
+	}
+	return target
 }
 
 // validatable is a request body that can check its own fields.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // MaxKeyLength is the longest accepted Idempotency-Key.
@@ -21,6 +22,53 @@ var (
 	// ErrBodyNotJSON means the body is not exactly one JSON value.
 	ErrBodyNotJSON = errors.New("request body is not valid JSON")
 )
+
+// ParseKey reads an Idempotency-Key header's value and validates the key.
+// draft-ietf-httpapi-idempotency-key-header (section 2.1) defines the value as
+// a Structured Field string, "8e03...", while Stripe's clients send a bare
+// token; both are accepted and mean the same key: a value that begins with a
+// double quote is parsed as an sf-string (RFC 8941, 3.3.3) and unquoted, and
+// any other value is the key as sent. So "abc" and abc are one key.
+func ParseKey(header string) (string, error) {
+	key := header
+	if strings.HasPrefix(header, `"`) {
+		var ok bool
+		if key, ok = unquoteSFString(header); !ok {
+			return "", fmt.Errorf("%w: a quoted key must be a Structured Field string: printable ASCII between double quotes, with \\\\ and \\\" as the only escapes", ErrKeyInvalid)
+		}
+		if key == "" {
+			return "", fmt.Errorf("%w: the quoted key is empty", ErrKeyInvalid)
+		}
+	}
+	if err := ValidateKey(key); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// unquoteSFString parses s as one RFC 8941 sf-string and returns its content.
+func unquoteSFString(s string) (string, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 1; i < len(s)-1; i++ {
+		c := s[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(s)-1 || (s[i] != '"' && s[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(s[i])
+		case c == '"' || c < 0x20 || c > 0x7e:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
+}
 
 // ValidateKey checks an Idempotency-Key header value: 1-255 printable ASCII
 // characters. Keys are compared byte for byte; they are case-sensitive.

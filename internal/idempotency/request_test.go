@@ -107,3 +107,29 @@ func FuzzCanonicalize(f *testing.F) {
 		require.Equal(t, want, got)
 	})
 }
+
+// The header is parsed as draft-ietf-httpapi-idempotency-key-header defines
+// it (an sf-string) and as Stripe's clients send it (a bare token): the two
+// forms of one key are one key.
+func TestParseKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ header, key string }{
+		{`abc`, "abc"},
+		{`"abc"`, "abc"},
+		{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "8e03978e-40d5-43e8-bc93-6894a57f9324"},
+		{`"a \"quoted\" key"`, `a "quoted" key`},
+		{`"back\\slash"`, `back\slash`},
+		{`ab"c`, `ab"c`}, // not quoted: taken as sent
+		{`"` + strings.Repeat("k", 255) + `"`, strings.Repeat("k", 255)},
+	} {
+		key, err := idempotency.ParseKey(tc.header)
+		require.NoError(t, err, tc.header)
+		require.Equal(t, tc.key, key, tc.header)
+	}
+	for _, bad := range []string{`"`, `""`, `"abc`, `"a"b"`, `"a\b"`, `"tab\there"`, `"clé"`, `"` + strings.Repeat("k", 256) + `"`} {
+		_, err := idempotency.ParseKey(bad)
+		require.ErrorIs(t, err, idempotency.ErrKeyInvalid, bad)
+	}
+	_, err := idempotency.ParseKey("")
+	require.ErrorIs(t, err, idempotency.ErrKeyMissing)
+}
