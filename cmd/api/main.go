@@ -285,11 +285,16 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if cfg.BenchmarkIdempotencyBypass {
 		log.Warn("BENCHMARK_IDEMPOTENCY_BYPASS is on: POST /benchmark/payments-without-idempotency writes payments with no idempotency protection; for load tests only")
 	}
+	// The deadlines are ordered so that each failure is answered on the wire:
+	// the request's bytes must arrive within BodyTimeout (else 408), its work
+	// ends within RequestTimeout (else 503), and the answer is written within
+	// RequestTimeout + 5 s. A read deadline past the write deadline would turn
+	// a slow body into a closed connection instead of a 408.
 	srv := &http.Server{
 		Addr:              cfg.Addr,
 		Handler:           handler,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
+		ReadHeaderTimeout: min(5*time.Second, cfg.BodyTimeout),
+		ReadTimeout:       cfg.BodyTimeout,
 		WriteTimeout:      cfg.RequestTimeout + 5*time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,

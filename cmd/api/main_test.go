@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -266,4 +268,44 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A body that arrives more slowly than BODY_TIMEOUT gets 408 on the wire,
+// not a closed connection or a 503: the server's deadlines are ordered read
+// < request < write.
+func TestASlowBodyGets408(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, 8)
+	addr := freeAddr(t)
+	getenv := env(map[string]string{
+		"ADDR": addr, "METRICS_ADDR": "off", "DB_MAX_CONNS": "4", "BODY_TIMEOUT": "1s", "REQUEST_TIMEOUT": "3s", "LOCK_TIMEOUT": "1s",
+		"DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL, "MAINTENANCE_DATABASE_URL": db.MaintenanceURL,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, io.Discard) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	waitOK(t, "http://"+addr+"/readyz")
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write"}, getenv, &out))
+	var key struct{ Secret string }
+	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
+
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	body := `{"amount": 1000, "currency": "usd"}`
+	_, err = fmt.Fprintf(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nIdempotency-Key: slow\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		key.Secret, len(body), body[:10])
+	require.NoError(t, err)
+	// The rest of the body never comes in time.
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "no response on the wire")
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
 }

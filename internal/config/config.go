@@ -120,6 +120,12 @@ type Config struct {
 	// RequestTimeout bounds a whole request, database work included
 	// (REQUEST_TIMEOUT).
 	RequestTimeout time.Duration
+	// BodyTimeout bounds reading a request, headers and body, from its first
+	// byte (BODY_TIMEOUT; the server's ReadTimeout). It is shorter than
+	// RequestTimeout, and the write deadline is RequestTimeout + 5 s, so a
+	// body that arrives too slowly gets its 408 on the wire while the request
+	// still has time left to answer.
+	BodyTimeout time.Duration
 	// ShutdownTimeout bounds graceful shutdown after SIGTERM (SHUTDOWN_TIMEOUT).
 	ShutdownTimeout time.Duration
 	// BenchmarkIdempotencyBypass mounts an unprotected copy of the payment
@@ -168,6 +174,7 @@ func Defaults() Config {
 		SweepChunk:             1000,
 		SweepPause:             50 * time.Millisecond,
 		RequestTimeout:         15 * time.Second,
+		BodyTimeout:            10 * time.Second,
 		ShutdownTimeout:        20 * time.Second,
 		LogLevel:               slog.LevelInfo,
 	}
@@ -280,6 +287,7 @@ func Load(getenv func(string) string) (Config, error) {
 	integer("SWEEP_CHUNK", 1, 100_000, func(n int64) { c.SweepChunk = int(n) })
 	dur("SWEEP_PAUSE", &c.SweepPause, 0)
 	dur("REQUEST_TIMEOUT", &c.RequestTimeout, time.Second)
+	dur("BODY_TIMEOUT", &c.BodyTimeout, 100*time.Millisecond)
 	dur("SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, time.Second)
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
@@ -319,6 +327,9 @@ func Load(getenv func(string) string) (Config, error) {
 		if c.MigrateOnStart {
 			errs = append(errs, errors.New("APP_ENV=production refuses MIGRATE_ON_START=true: the serving process would hold the owner's credentials; run `api migrate up` as its own step"))
 		}
+	}
+	if c.BodyTimeout >= c.RequestTimeout {
+		errs = append(errs, fmt.Errorf("BODY_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s): a body that arrives too slowly must still get its 408 before the request's own deadline", c.BodyTimeout, c.RequestTimeout))
 	}
 	if c.LockTimeout >= c.RequestTimeout {
 		errs = append(errs, fmt.Errorf("LOCK_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", c.LockTimeout, c.RequestTimeout))
@@ -394,6 +405,7 @@ func (c Config) LogAttrs() []any {
 		slog.Int64("idempotency_key_quota", c.KeyQuota),
 		slog.String("sweep_interval", c.SweepInterval.String()),
 		slog.String("request_timeout", c.RequestTimeout.String()),
+		slog.String("body_timeout", c.BodyTimeout.String()),
 		slog.String("processor_url", redact(c.ProcessorURL)),
 		slog.Int("outbox_workers", c.OutboxWorkers),
 		slog.String("outbox_retry_schedule", c.RetrySchedule().Round(time.Second).String()),
