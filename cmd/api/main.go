@@ -82,6 +82,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 
 // runLogging is run with the log written to logOut.
 func runLogging(ctx context.Context, args []string, getenv func(string) string, stdout, logOut io.Writer) error {
+	// Help comes before the configuration is read: it must work with a
+	// broken environment too, and for every subcommand.
+	for i, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" || (i == 0 && a == "help") {
+			return printHelp(stdout)
+		}
+	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
 		return err
@@ -123,12 +130,21 @@ func runLogging(ctx context.Context, args []string, getenv func(string) string, 
 			return errors.New(usage)
 		}
 		return serveSimulator(ctx, cfg, log)
-	case "-h", "--help", "help":
-		fmt.Fprintln(stdout, usage)
-		return nil
 	default:
 		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
 	}
+}
+
+// printHelp prints the subcommands and every setting with its default,
+// from config.Settings, the table README.md's is checked against. Two lines
+// a setting, so that it fits a terminal whatever the default's length.
+func printHelp(w io.Writer) error {
+	fmt.Fprintf(w, "%s\n\nSettings (environment variables), their defaults, and what they do:\n", usage)
+	for _, s := range config.Settings() {
+		fmt.Fprintf(w, "  %s=%s\n      %s\n", s.Name, s.Default, s.Help)
+	}
+	_, err := fmt.Fprintln(w, "  OTEL_EXPORTER_OTLP_ENDPOINT=\n      export traces over OTLP/HTTP; the other standard OTEL_* variables work too\n\nREADME.md, Configuration, says more about each.")
+	return err
 }
 
 func migrateUp(ctx context.Context, cfg config.Config) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/payments-reference/idempotent-payments/internal/config"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
 )
 
@@ -308,4 +309,23 @@ func TestASlowBodyGets408(t *testing.T) {
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
 	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+}
+
+// Help works for the binary and every subcommand, exits 0, even with a broken
+// environment, and lists every setting with its default.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	broken := env(map[string]string{"DB_MAX_CONNS": "0"})
+	for _, args := range [][]string{
+		{"--help"}, {"-h"}, {"help"}, {"serve", "--help"}, {"migrate", "--help"}, {"keys", "create", "--help"},
+		{"keys", "list", "-h"}, {"keys", "revoke", "--help"}, {"sweep", "--help"}, {"reconcile", "--help"},
+		{"processor-sim", "--help"}, {"healthcheck", "--help"},
+	} {
+		var out bytes.Buffer
+		require.NoError(t, run(context.Background(), args, broken, &out), "%v", args)
+		require.Contains(t, out.String(), "api keys create --principal NAME", "%v", args)
+		for _, s := range config.Settings() {
+			require.Contains(t, out.String(), "  "+s.Name+"="+s.Default+"\n", "%v", args)
+		}
+	}
 }

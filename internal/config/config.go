@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	idempotentpayments "github.com/payments-reference/idempotent-payments"
@@ -37,10 +38,11 @@ type Config struct {
 	DatabaseURL string
 	// MigrateDatabaseURL connects as the role that owns the tables; used for
 	// migrations and the keys subcommands, never to serve requests
-	// (MIGRATE_DATABASE_URL).
+	// (MIGRATE_DATABASE_URL; by default DATABASE_URL as the user postgres).
 	MigrateDatabaseURL string
 	// MaintenanceDatabaseURL connects as payments_maintenance, the role that
-	// may delete expired keys and nothing else (MAINTENANCE_DATABASE_URL).
+	// may delete expired keys and nothing else (MAINTENANCE_DATABASE_URL; by
+	// default DATABASE_URL as the user payments_maintenance).
 	MaintenanceDatabaseURL string
 	// MigrateOnStart applies pending migrations when serve starts, creating
 	// the database first if it does not exist (MIGRATE_ON_START).
@@ -254,6 +256,13 @@ func Load(getenv func(string) string) (Config, error) {
 	boolean("BENCHMARK_IDEMPOTENCY_BYPASS", &c.BenchmarkIdempotencyBypass)
 	str("BENCHMARK_REDIS_PEER", &c.BenchmarkRedisPeer)
 	str("DATABASE_URL", &c.DatabaseURL)
+	// One setting names the database: unset, the owner's and the
+	// maintenance role's URLs are DATABASE_URL with their own user, so
+	// pointing DATABASE_URL elsewhere moves all three together.
+	if getenv("DATABASE_URL") != "" {
+		c.MigrateDatabaseURL = withUser(c.DatabaseURL, "postgres")
+		c.MaintenanceDatabaseURL = withUser(c.DatabaseURL, "payments_maintenance")
+	}
 	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
 	str("MAINTENANCE_DATABASE_URL", &c.MaintenanceDatabaseURL)
 	boolean("MIGRATE_ON_START", &c.MigrateOnStart)
@@ -294,9 +303,16 @@ func Load(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))
 		}
 	}
+	// When both are set, they must agree. (A lone MAINTENANCE_DATABASE_URL,
+	// for a cron's `api sweep`, says nothing about the service's database.)
+	served := databaseName(c.DatabaseURL)
 	for name, u := range map[string]string{"DATABASE_URL": c.DatabaseURL, "MIGRATE_DATABASE_URL": c.MigrateDatabaseURL, "MAINTENANCE_DATABASE_URL": c.MaintenanceDatabaseURL} {
 		if p, err := url.Parse(u); err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") {
 			errs = append(errs, fmt.Errorf("%s: want a postgres:// URL", name))
+		} else if db := databaseName(u); db != served && getenv("DATABASE_URL") != "" && getenv(name) != "" {
+			// keys create would write keys where the service never looks,
+			// and every request would get 401.
+			errs = append(errs, fmt.Errorf("%s names the database %q, DATABASE_URL %q: all three roles must use the database the service serves (leave %s unset to derive it from DATABASE_URL)", name, db, served, name))
 		}
 	}
 	if c.MetricsAddr == c.Addr {
@@ -412,6 +428,26 @@ func (c Config) LogAttrs() []any {
 		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),
 		slog.String("reconcile_interval", c.ReconcileInterval.String()),
 	}
+}
+
+// withUser returns the postgres URL raw with its user (and password)
+// replaced, or raw itself when it does not parse (Load then says so).
+func withUser(raw, user string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	u.User = url.User(user)
+	return u.String()
+}
+
+// databaseName is the database a postgres URL names.
+func databaseName(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimPrefix(u.Path, "/")
 }
 
 // redact masks the password of a URL; a URL that does not parse is hidden

@@ -108,3 +108,24 @@ func TestReconcileGraceOutlastsAProcessorCall(t *testing.T) {
 	_, err := config.Load(env(map[string]string{"RECONCILE_GRACE": "5s"}))
 	require.ErrorContains(t, err, "RECONCILE_GRACE (5s) must be longer than PROCESSOR_TIMEOUT (10s)")
 }
+
+// One setting names the database: the owner's and the maintenance role's URLs
+// follow DATABASE_URL unless set, and none may name another database (keys
+// created there would be invisible to the service: every request a 401).
+func TestDatabaseURLNamesTheDatabaseForEveryRole(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load(env(map[string]string{"DATABASE_URL": "postgres://payments_app:pw@db.internal:6432/shop?sslmode=require"}))
+	require.NoError(t, err)
+	require.Equal(t, "postgres://postgres@db.internal:6432/shop?sslmode=require", c.MigrateDatabaseURL)
+	require.Equal(t, "postgres://payments_maintenance@db.internal:6432/shop?sslmode=require", c.MaintenanceDatabaseURL)
+
+	c, err = config.Load(env(map[string]string{
+		"DATABASE_URL":         "postgres://payments_app@pooler:6432/shop",
+		"MIGRATE_DATABASE_URL": "postgres://owner:secret@primary:5432/shop",
+	}))
+	require.NoError(t, err, "another host for the owner is fine: same database")
+	require.Equal(t, "postgres://owner:secret@primary:5432/shop", c.MigrateDatabaseURL)
+
+	_, err = config.Load(env(map[string]string{"DATABASE_URL": "postgres://payments_app@127.0.0.1:5432/shop", "MIGRATE_DATABASE_URL": "postgres://postgres@127.0.0.1:5432/payments"}))
+	require.ErrorContains(t, err, `MIGRATE_DATABASE_URL names the database "payments", DATABASE_URL "shop"`)
+}

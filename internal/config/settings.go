@@ -1,0 +1,77 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Setting is one environment variable: its name, its default as text, and a
+// line of help. Settings is the one table `api --help` prints and README.md's
+// configuration table is checked against (TestREADMEListsEverySetting), and
+// every variable Load reads is in it (TestSettingsCoverEverythingLoadReads).
+type Setting struct {
+	Name, Default, Help string
+}
+
+// Settings lists every variable Load reads, with Defaults' values.
+func Settings() []Setting {
+	d := Defaults()
+	return []Setting{
+		{"APP_ENV", d.Env, "development or production (refuses the simulator and migrating on start)"},
+		{"ADDR", d.Addr, "the API's listen address"},
+		{"METRICS_ADDR", d.MetricsAddr, "the /metrics listener, apart from the API (off disables it)"},
+		{"SERVER_TIMING", fmt.Sprint(d.ServerTiming), "add Server-Timing: claim;dur=<ms> to idempotent responses"},
+		{"PPROF", fmt.Sprint(d.Pprof), "serve /debug/pprof/ on the metrics listener"},
+		{"BENCHMARK_IDEMPOTENCY_BYPASS", fmt.Sprint(d.BenchmarkIdempotencyBypass), "the load test's unprotected baseline route (-tags benchmark builds only)"},
+		{"BENCHMARK_REDIS_PEER", d.BenchmarkRedisPeer, "the Redis of the load test's peer design (-tags benchmark builds only)"},
+		{"DATABASE_URL", d.DatabaseURL, "the service role's database; names the database for every role"},
+		{"MIGRATE_DATABASE_URL", d.MigrateDatabaseURL, "the owner role (migrations, keys); default: DATABASE_URL as postgres"},
+		{"MAINTENANCE_DATABASE_URL", d.MaintenanceDatabaseURL, "the sweeper's role; default: DATABASE_URL as payments_maintenance"},
+		{"MIGRATE_ON_START", fmt.Sprint(d.MigrateOnStart), "serve creates the database and migrates (false with APP_ENV=production)"},
+		{"DB_MAX_CONNS", fmt.Sprint(d.DBMaxConns), "the service pool's size"},
+		{"DB_ACQUIRE_TIMEOUT", duration(d.DBAcquireTimeout), "longest wait for a pooled connection, then 503"},
+		{"LOCK_TIMEOUT", duration(d.LockTimeout), "longest wait for a concurrent request with the same key, then 409"},
+		{"DB_IDLE_IN_TX_TIMEOUT", duration(d.DBIdleInTxTimeout), "the server ends a session idle in a transaction this long"},
+		{"IDEMPOTENCY_WINDOW", duration(d.IdempotencyWindow), "the retry window; never shorter than openapi.yaml's"},
+		{"IDEMPOTENCY_MARGIN", duration(d.IdempotencyMargin), "kept beyond the window before a key may be deleted"},
+		{"MAX_BODY_BYTES", fmt.Sprint(d.MaxBodyBytes), "larger request bodies get 413"},
+		{"MAX_STORED_RESPONSE_BYTES", fmt.Sprint(d.MaxStoredResponseBytes), "larger responses are stored as a reference"},
+		{"IDEMPOTENCY_KEY_QUOTA", fmt.Sprint(d.KeyQuota), "live keys per principal, then 429 (0: no quota)"},
+		{"IDEMPOTENCY_QUOTA_REFRESH", duration(d.QuotaRefresh), "how long key counts are cached and claims buffered"},
+		{"SWEEP_INTERVAL", duration(d.SweepInterval), "how often expired keys are swept (0: never, use api sweep)"},
+		{"SWEEP_CHUNK", fmt.Sprint(d.SweepChunk), "most rows one sweep statement deletes"},
+		{"SWEEP_PAUSE", duration(d.SweepPause), "pause between sweep chunks"},
+		{"REQUEST_TIMEOUT", duration(d.RequestTimeout), "bound on one request's work"},
+		{"BODY_TIMEOUT", duration(d.BodyTimeout), "a request must arrive within this, else 408"},
+		{"PROCESSOR_URL", d.ProcessorURL, "the payment processor; empty: the in-process simulator (test mode)"},
+		{"PROCESSOR_TIMEOUT", duration(d.ProcessorTimeout), "bound on one processor call"},
+		{"PROCESSOR_KEY_WINDOW", duration(d.ProcessorKeyWindow), "how long the processor remembers a key; the retry schedule must fit"},
+		{"PROCESSOR_SIM_LATENCY", duration(d.Sim.Latency), "api processor-sim: delay before each call is processed"},
+		{"PROCESSOR_SIM_ERROR_RATE", fmt.Sprint(d.Sim.ErrorRate), "api processor-sim: share of calls answered 503, nothing done"},
+		{"PROCESSOR_SIM_DROP_RATE", fmt.Sprint(d.Sim.DropRate), "api processor-sim: share of charges made whose reply is dropped"},
+		{"PROCESSOR_SIM_TIMEOUT_RATE", fmt.Sprint(d.Sim.TimeoutRate), "api processor-sim: share of replies held for PROCESSOR_SIM_HOLD"},
+		{"PROCESSOR_SIM_HOLD", duration(d.Sim.Hold), "api processor-sim: how long a held reply waits"},
+		{"OUTBOX_WORKERS", fmt.Sprint(d.OutboxWorkers), "processor jobs worked at once (0: leave them to others)"},
+		{"OUTBOX_JOB_TIMEOUT", duration(d.OutboxJobTimeout), "bound on one attempt of a job"},
+		{"OUTBOX_RESCUE_AFTER", duration(d.OutboxRescueAfter), "a dead worker's job runs again after this"},
+		{"OUTBOX_MAX_ATTEMPTS", fmt.Sprint(d.OutboxMaxAttempts), "a job's retry budget; then requires_reconciliation"},
+		{"OUTBOX_RETRY_BASE", duration(d.OutboxRetryBase), "first backoff between attempts, doubling"},
+		{"OUTBOX_RETRY_MAX", duration(d.OutboxRetryMax), "longest backoff between attempts"},
+		{"RECONCILE_INTERVAL", duration(d.ReconcileInterval), "how often undecided payments and refunds are reconciled"},
+		{"RECONCILE_GRACE", duration(d.ReconcileGrace), "a row is looked up this long after its job ended"},
+		{"SHUTDOWN_TIMEOUT", duration(d.ShutdownTimeout), "bound on graceful shutdown"},
+		{"LOG_LEVEL", strings.ToLower(d.LogLevel.String()), "debug, info, warn or error"},
+	}
+}
+
+// duration writes d as README does: 2m rather than 2m0s.
+func duration(d time.Duration) string {
+	s := d.String()
+	for _, zero := range []string{"0s", "0m"} {
+		if strings.HasSuffix(s, zero) && len(s) > len(zero) && strings.ContainsAny(s[:len(s)-len(zero)], "hm") {
+			s = strings.TrimSuffix(s, zero)
+		}
+	}
+	return s
+}
