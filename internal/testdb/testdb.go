@@ -234,7 +234,11 @@ func New(t testing.TB, conns int) DB {
 		Options:    u.RawQuery,
 		TestRole: &pgtestdb.Role{
 			Username: "payments_test_owner",
-			Password: "payments_test_owner",
+			// No password (PostgreSQL clears an empty one): the tests log
+			// in by trust, as they do as payments_app, and a cluster-wide
+			// role whose password is its own name would be a door left
+			// open on a shared server. scripts/drop-test-databases drops it.
+			Password: "",
 			// CREATEROLE because the first migration creates the service roles.
 			Capabilities: "NOSUPERUSER NOCREATEDB CREATEROLE",
 		},
