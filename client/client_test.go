@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/client"
@@ -137,7 +138,7 @@ func TestDoesNotRetryOther4xx(t *testing.T) {
 		{status: 422, body: problem("refund-exceeds-payment", 422)},
 	} {
 		c, s := start(t, fast, a, answer{status: 201, body: paymentJSON})
-		_, err := c.CreateRefund(context.Background(), "01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b", client.NewRefund{})
+		_, err := c.CreateRefund(context.Background(), uuid.MustParse("01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b"), client.NewRefund{})
 		var e *client.Error
 		require.ErrorAs(t, err, &e)
 		require.Equal(t, a.status, e.StatusCode)
@@ -181,7 +182,7 @@ func TestGivesUpAtTheDeadlineWithTheKey(t *testing.T) {
 
 	// A read that never got through has no effect to report.
 	c, _ = start(t, client.RetryPolicy{MaxElapsed: 50 * time.Millisecond, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}, answer{status: 0})
-	_, err = c.GetPayment(context.Background(), "01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b")
+	_, err = c.GetPayment(context.Background(), uuid.MustParse("01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b"))
 	require.ErrorAs(t, err, &re)
 	require.False(t, re.MayHaveTakenEffect)
 	require.Empty(t, re.Key)
