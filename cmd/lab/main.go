@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -35,11 +36,12 @@ func main() {
 	rows := fs.Int("rows", 100_000, "rows in the expiry scenarios' tables")
 	concurrency := fs.Int("concurrency", 16, "concurrent retries in the duplicate scenarios")
 	keep := fs.Bool("keep", false, "keep the lab's database afterwards")
+	wide := fs.Bool("wide", false, "print one table, a scenario a line (about 250 columns), instead of a block per scenario that fits 120")
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	held, err := run(ctx, *serverURL, *keep, lab.Env{RedisAddr: *redisAddr, Rows: *rows, Concurrency: *concurrency}, os.Stdout, os.Stderr)
+	held, err := run(ctx, *serverURL, *keep, *wide, lab.Env{RedisAddr: *redisAddr, Rows: *rows, Concurrency: *concurrency}, os.Stdout, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 		os.Exit(2)
@@ -50,8 +52,8 @@ func main() {
 }
 
 // run creates and migrates the lab's database, runs every scenario, prints
-// the table, and reports whether every lesson came out as taught.
-func run(ctx context.Context, serverURL string, keep bool, env lab.Env, stdout, progress io.Writer) (bool, error) {
+// what each did, and reports whether every lesson came out as taught.
+func run(ctx context.Context, serverURL string, keep, wide bool, env lab.Env, stdout, progress io.Writer) (bool, error) {
 	u, err := url.Parse(serverURL)
 	if err != nil {
 		return false, fmt.Errorf("-database-url: %w", err)
@@ -75,8 +77,7 @@ func run(ctx context.Context, serverURL string, keep bool, env lab.Env, stdout, 
 	}
 	defer l.Close()
 
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tscenario\tnaive build\tthis service\tlesson")
+	var results []result
 	all := true
 	for i, s := range lab.Scenarios {
 		fmt.Fprintf(progress, "%d/%d %s\n", i+1, len(lab.Scenarios), s.Name)
@@ -84,14 +85,79 @@ func run(ctx context.Context, serverURL string, keep bool, env lab.Env, stdout, 
 		if err != nil {
 			return false, fmt.Errorf("%s: %w", s.Name, err)
 		}
-		lesson := "holds"
-		if !out.NaiveBroke || !out.OursHeld {
-			lesson, all = "NOT SHOWN", false
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i+1, s.Name, out.Naive, out.Ours, lesson)
+		results = append(results, result{name: s.Name, out: out})
+		all = all && out.NaiveBroke && out.OursHeld
+	}
+	if wide {
+		printWide(stdout, results)
+	} else {
+		printNarrow(stdout, results)
+	}
+	return all, nil
+}
+
+type result struct {
+	name string
+	out  lab.Outcome
+}
+
+func (r result) lesson() string {
+	switch {
+	case !r.out.NaiveBroke || !r.out.OursHeld:
+		return "NOT SHOWN"
+	case r.out.Structural != "":
+		return "holds (structural)"
+	}
+	return "holds"
+}
+
+// printWide prints one table, a scenario a line.
+func printWide(w io.Writer, results []result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tscenario\tnaive build\tthis service\tlesson")
+	for i, r := range results {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", i+1, r.name, r.out.Naive, r.out.Ours, r.lesson())
 	}
 	tw.Flush()
-	return all, nil
+	printStructural(w, results)
+}
+
+// printNarrow prints a block per scenario, wrapped to fit 120 columns.
+func printNarrow(w io.Writer, results []result) {
+	for i, r := range results {
+		fmt.Fprintf(w, "%2d  %s: %s\n", i+1, r.name, r.lesson())
+		wrap(w, "      naive build:  ", r.out.Naive)
+		wrap(w, "      this service: ", r.out.Ours)
+	}
+	printStructural(w, results)
+}
+
+// printStructural says what each structural verdict rests on.
+func printStructural(w io.Writer, results []result) {
+	for i, r := range results {
+		if r.out.Structural != "" {
+			wrap(w, fmt.Sprintf("row %d is structural: ", i+1), r.out.Structural)
+		}
+	}
+}
+
+// wrap writes text after prefix, folded at word boundaries to 120 columns,
+// continuation lines indented under the text.
+func wrap(w io.Writer, prefix, text string) {
+	const width = 120
+	indent := strings.Repeat(" ", len(prefix))
+	line := prefix
+	for _, word := range strings.Fields(text) {
+		if len(line) > len(indent) && len(line)+1+len(word) > width {
+			fmt.Fprintln(w, line)
+			line = indent
+		}
+		if len(line) > len(indent) {
+			line += " "
+		}
+		line += word
+	}
+	fmt.Fprintln(w, line)
 }
 
 func dropDatabase(serverURL, name string, progress io.Writer) {

@@ -264,11 +264,12 @@ func unboundedDelete(ctx context.Context, l *Lab) (Outcome, error) {
 	// statement grows with the rows it deletes, a chunk's does not
 	// (docs/lab.md shows both at a few million rows).
 	return Outcome{
-		Naive: fmt.Sprintf("%d rows locked in one statement for %s; %.1f MB WAL at once", tag.RowsAffected(), naiveHold.Round(time.Millisecond), naiveWAL/1e6),
-		Ours: fmt.Sprintf("%d rows in %d chunks of at most %d: longest %s; %.1f MB WAL spread over the sweep", deleted, chunks, maxRows,
-			maxChunk.Round(time.Millisecond), ourWAL/1e6),
+		Naive: fmt.Sprintf("one transaction locked all %d rows (it took %s; %.1f MB WAL at once)", tag.RowsAffected(), naiveHold.Round(time.Millisecond), naiveWAL/1e6),
+		Ours: fmt.Sprintf("no transaction locked more than %d rows (%d rows in %d chunks; longest %s; %.1f MB WAL over the sweep)",
+			maxRows, deleted, chunks, maxChunk.Round(time.Millisecond), ourWAL/1e6),
 		NaiveBroke: tag.RowsAffected() >= 10*1000,
 		OursHeld:   deleted == tag.RowsAffected() && maxRows <= 1000,
+		Structural: "rows one transaction locks. At small sizes the one statement can be quicker, but its lock time grows with the rows it deletes and a chunk's does not (1.4 s against 51 ms at 1M rows: docs/lab.md)",
 	}, nil
 }
 
