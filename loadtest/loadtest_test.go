@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -181,4 +182,26 @@ func TestAreaOf(t *testing.T) {
 	} {
 		require.Equal(t, want, areaOf(fn), fn)
 	}
+}
+
+// Off a terminal, progress is plain lines: a redirected log is readable.
+func TestProgressOffATerminalIsPlainLines(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	p := plainLines{&b}
+	fmt.Fprintf(p, "\rstage 1/2, 0 rows:  1s/15s     567 req/s  errors 0   ")
+	fmt.Fprintf(p, "\rstage 1/2, 0 rows: warming up%30s", "")
+	fmt.Fprintf(p, "\rstage 1/2: 620 req/s\n")
+	fmt.Fprintln(p, "preparing the database")
+	require.Equal(t, "stage 1/2, 0 rows:  1s/15s     567 req/s  errors 0\nstage 1/2, 0 rows: warming up\nstage 1/2: 620 req/s\npreparing the database\n", b.String())
+	require.NotContains(t, b.String(), "\r")
+}
+
+// A run that began on a busy machine says its ratios are not findings.
+func TestANoisyRunReportsNoFindings(t *testing.T) {
+	t.Parallel()
+	res := &Results{BaselineRPS: 500, IdempotentRPS: 565, OverheadRatio: 1.13, Cores: 2}
+	require.NotContains(t, report(res), "Not findings")
+	res.LoadBefore, res.Noisy = 9.3, true
+	require.Contains(t, report(res), "**Not findings: the machine was busy with other work when the run began (load average 9.3 on 2 cores)")
 }

@@ -14,9 +14,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -40,7 +42,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, err := run(ctx, cfg, os.Stderr)
+	res, err := run(ctx, cfg, progressTo(os.Stderr))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		os.Exit(1)
@@ -127,4 +129,35 @@ func parseFlags(args []string) (config, error) {
 		c.dbMaxConns = max(32, 2*c.concurrency)
 	}
 	return c, nil
+}
+
+// progressTo returns where progress goes: f itself on a terminal, where a
+// line that begins with \r redraws the one before it; elsewhere (a file, a
+// pipe, CI's log) plain lines, one per update, so that a redirected log is
+// not one line of carriage returns.
+func progressTo(f *os.File) io.Writer {
+	if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		return f
+	}
+	return plainLines{f}
+}
+
+// plainLines turns each write, a whole progress message, into plain lines.
+type plainLines struct{ w io.Writer }
+
+func (p plainLines) Write(b []byte) (int, error) {
+	var out []byte
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		line = bytes.TrimRight(bytes.TrimLeft(line, "\r"), " ")
+		if i := bytes.LastIndexByte(line, '\r'); i >= 0 {
+			line = line[i+1:]
+		}
+		if len(line) > 0 {
+			out = append(append(out, line...), '\n')
+		}
+	}
+	if _, err := p.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }

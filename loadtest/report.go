@@ -91,7 +91,13 @@ func report(res *Results) string {
 		fmt.Fprintf(&b, "\nClaim p99 at %s rows is %.2fx claim p99 at %s rows.\n", humanCount(res.Stages[n-1].TableRows),
 			res.Stages[n-1].ClaimP99/res.Stages[0].ClaimP99, humanCount(res.Stages[0].TableRows))
 	}
-	b.WriteString("\n## Overhead, measured side by side\n\n| | req/s | ratio |\n|---|---:|---:|\n")
+	b.WriteString("\n## Overhead, measured side by side\n\n")
+	if res.Noisy {
+		fmt.Fprintf(&b, "**Not findings: the machine was busy with other work when the run began (load average %.1f on %d cores), so the ratios below, measured minutes apart, are noise.** Run it again on a quiet machine.\n\n", res.LoadBefore, res.Cores)
+	} else if res.Cores > 0 {
+		fmt.Fprintf(&b, "The machine was quiet when the run began (load average %.1f on %d cores). Each ratio is one pair of runs, minutes apart, on a machine that the load generator, the API and PostgreSQL share: read them as this run's, not as constants.\n\n", res.LoadBefore, res.Cores)
+	}
+	b.WriteString("| | req/s | ratio |\n|---|---:|---:|\n")
 	fmt.Fprintf(&b, "| idempotent payment (first stage) | %.0f | |\n", res.IdempotentRPS)
 	if res.BaselineRPS > 0 {
 		fmt.Fprintf(&b, "| same payment without idempotency | %.0f | idempotent/baseline = **%.2f** |\n", res.BaselineRPS, res.OverheadRatio)
@@ -108,11 +114,11 @@ func report(res *Results) string {
 	}
 	fmt.Fprintf(&b, "\nThe API logged %d ERROR lines during the run (api.log).\n", res.APILogErrors)
 	b.WriteString("\n## The outbox\n\nEvery payment inserts a charge job in its transaction; the service's workers call the processor (the in-process simulator, no latency) and record the answer.\n\n")
-	b.WriteString("| table rows | payments/s | charges completed/s | jobs not done at stage end | oldest waiting job |\n|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| table rows | payments/s | charges completed/s | jobs not done at stage end | oldest waiting job | drained after |\n|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range res.Stages {
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %.2f s |\n", humanCount(s.TableRows), s.RPS, s.OutboxCompletedPerSec, s.OutboxBacklog, s.OutboxLagSeconds)
+		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %.2f s | %.1f s |\n", humanCount(s.TableRows), s.RPS, s.OutboxCompletedPerSec, s.OutboxBacklog, s.OutboxLagSeconds, s.OutboxDrainSeconds)
 	}
-	fmt.Fprintf(&b, "\nThe outbox was empty %.1f s after the last stage. The job insert's cost to the database is the pgbench pair above; `go test -bench Outbox ./internal/payments` measures it for the payment write alone (docs/external-effects.md).\n", res.OutboxDrainSeconds)
+	b.WriteString("\nEach stage's backlog is drained before its replays-alone run (\"drained after\": how long that took, from the stage's end), so every measured run starts with the outbox empty. The job insert's cost to the database is the pgbench pair above; `go test -bench Outbox ./internal/payments` measures it for the payment write alone (docs/external-effects.md).\n")
 	if p := res.CPUProfile; p != nil {
 		fmt.Fprintf(&b, "\n## Where the API's CPU goes\n\nA %.0f s CPU profile of the API during the first stage's measured run (cpu.pprof): %.1f s of CPU, **%.2f ms of CPU per request**.\n\n", p.Seconds, p.CPUSeconds, p.CPUPerRequestMs)
 		b.WriteString("| area | share of CPU |\n|---|---:|\n")

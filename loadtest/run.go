@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,6 +48,9 @@ type Stage struct {
 	OutboxCompletedPerSec float64 `json:"outbox_completed_per_sec"`
 	OutboxBacklog         int64   `json:"outbox_backlog"`
 	OutboxLagSeconds      float64 `json:"outbox_lag_seconds"`
+	// OutboxDrainSeconds is how long that backlog took to drain, right
+	// after the measured run (before the replays-alone run).
+	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
 	// Updates of idempotency_keys during the measured run (the completions),
 	// and how many of them were HOT: no index touched, the new version on
 	// the same page.
@@ -94,9 +98,12 @@ type Results struct {
 	// APILogErrors counts the ERROR lines the started API logged: server
 	// faults, none in a clean run.
 	APILogErrors int `json:"api_log_errors"`
-	// OutboxDrainSeconds is how long the outbox took, after the last stage,
-	// to complete every job the run inserted.
-	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
+	// LoadBefore is the machine's 1-minute load average before the run
+	// started anything: other work on it. Above Cores, the run shared the
+	// machine and its ratios are noise, not findings (Noisy).
+	LoadBefore float64 `json:"load_before"`
+	Cores      int     `json:"cores"`
+	Noisy      bool    `json:"noisy"`
 	// CPUProfile is the API's CPU during the first stage's measured run
 	// (when the load test started the API itself).
 	CPUProfile *CPUProfile `json:"cpu_profile,omitempty"`
@@ -121,7 +128,14 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
 		return nil, err
 	}
-	res := &Results{StartedAt: time.Now().UTC(), GoVersion: runtime.Version(), Settings: cfg.describe()}
+	res := &Results{StartedAt: time.Now().UTC(), GoVersion: runtime.Version(), Settings: cfg.describe(), Cores: runtime.NumCPU()}
+	if load, err := loadAverage(); err == nil {
+		res.LoadBefore = load
+		res.Noisy = load > float64(res.Cores)
+		if res.Noisy {
+			fmt.Fprintf(progress, "warning: the machine is busy (load average %.1f on %d cores) before the run: its ratios will not be findings\n", load, res.Cores)
+		}
+	}
 
 	fmt.Fprintln(progress, "preparing the database")
 	if err := claimDatabase(ctx, cfg); err != nil {
@@ -251,9 +265,11 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		// Replays alone: the stored answers of this run's keys, read back,
 		// once the outbox workers have finished the stage's charges, so the
 		// replays do not share the machine with them.
+		drainStart := time.Now()
 		if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
 			return nil, err
 		}
+		st.OutboxDrainSeconds = time.Since(drainStart).Seconds()
 		if walBefore, err = walPosition(ctx, admin); err != nil {
 			return nil, err
 		}
@@ -338,16 +354,24 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			res.APILogErrors = strings.Count(string(raw), `"level":"ERROR"`)
 		}
 	}
-	drainStart := time.Now()
+	// The designs measured after the last stage leave charges behind too.
 	if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
 		return nil, err
 	}
-	res.OutboxDrainSeconds = time.Since(drainStart).Seconds()
-	fmt.Fprintf(progress, "outbox drained %.1f s after the last stage\n", res.OutboxDrainSeconds)
 	if err := writeOutputs(cfg.out, res); err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// loadAverage is the machine's 1-minute load average (Linux).
+func loadAverage() (float64, error) {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, err
+	}
+	first, _, _ := strings.Cut(string(raw), " ")
+	return strconv.ParseFloat(first, 64)
 }
 
 // walPosition is the server's WAL insert position in bytes.
