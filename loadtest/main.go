@@ -3,7 +3,7 @@
 // without idempotency, and against what PostgreSQL alone sustains for the
 // same SQL (pgbench).
 //
-//	go run ./loadtest                                    # small default, under two minutes
+//	go run ./loadtest                                    # small default, about 4 minutes on 2 cores
 //	go run ./loadtest -sizes 0,1000000,10000000 -duration 30s -concurrency 16
 //
 // It builds and starts the API (cmd/api) on a loopback port, or targets one

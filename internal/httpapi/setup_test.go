@@ -66,6 +66,9 @@ type options struct {
 	holdProcessor bool
 	// maxAttempts is the outbox's retry budget (5 unless set).
 	maxAttempts int
+	// beforeQuery, when set, is called before the service pool sends each
+	// statement, and may block it: a test stages an interleaving with it.
+	beforeQuery func(sql string)
 }
 
 // testBundle is a running API on its own database.
@@ -121,8 +124,12 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		url, err = b.proxy.Via(url)
 		require.NoError(t, err)
 	}
+	var tracer pgx.QueryTracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tp))
+	if o.beforeQuery != nil {
+		tracer = gatedTracer{QueryTracer: tracer, before: o.beforeQuery}
+	}
 	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout,
-		Tracer: otelpgx.NewTracer(otelpgx.WithTracerProvider(tp)), IdleInTxTimeout: o.idleInTx})
+		Tracer: tracer, IdleInTxTimeout: o.idleInTx})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	b.pool = pool
@@ -219,6 +226,17 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		}
 	})
 	return b
+}
+
+// gatedTracer calls before ahead of each statement, then traces it.
+type gatedTracer struct {
+	pgx.QueryTracer
+	before func(sql string)
+}
+
+func (g gatedTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	g.before(data.SQL)
+	return g.QueryTracer.TraceQueryStart(ctx, conn, data)
 }
 
 // releaseProcessor lets the processor calls held by options.holdProcessor
