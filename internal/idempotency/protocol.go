@@ -1,0 +1,182 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// This file is the protocol, top to bottom: claim, wait, replay, take over,
+// execute, complete. Its SQL is in store.go, one statement per step; its
+// spans and metrics are in instrument.go, around it.
+
+// maxClaimAttempts bounds the loop in run. A second attempt is needed only
+// when the conflicting row vanished between the claim and the lookup.
+const maxClaimAttempts = 3
+
+// errResponseTooLarge is a programming error: an endpoint whose responses
+// can exceed the cap must set Outcome.ResourceRef.
+var errResponseTooLarge = errors.New("response over the storage cap and no resource reference to store instead")
+
+// Do runs op under req's key in one transaction, or replays the response an
+// earlier attempt stored:
+//
+//  1. claim the key with one INSERT ... ON CONFLICT DO NOTHING (waiting for
+//     a concurrent attempt with the same key, if there is one);
+//  2. if the claim succeeded: execute, store the response on the claimed
+//     row, commit once;
+//  3. if not: read the stored row without locking it; a different
+//     fingerprint is ErrKeyReused, the same one is replayed after
+//     op.Reauthorize, and the transaction writes nothing;
+//  4. if the row is past its window: take it over (one UPDATE that re-checks
+//     expires_at) and continue as in 2.
+//
+// Any error rolls the whole transaction back, claim included.
+func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, error) {
+	ctx, obs := e.observe(ctx, req)
+	res, outcome, err := e.run(ctx, req, op, obs)
+	obs.end(ctx, outcome, err)
+	return res, err
+}
+
+// run is Do without the instruments. It returns the outcome to record.
+func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *observation) (res Result, outcome string, err error) {
+	// The quota is read before the transaction: a principal at its limit
+	// may still replay, but may not claim a new key.
+	allowNew := true
+	if e.cfg.Quota != nil {
+		if allowNew, err = e.cfg.Quota.Allow(ctx, req.Principal); err != nil {
+			return Result{}, "", err
+		}
+	}
+	err = database.InTenantTx(ctx, e.pool, req.Principal, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
+		for range maxClaimAttempts {
+			// 1. Claim. The unique index on (principal, endpoint, key) is the
+			// only concurrency control: a concurrent attempt's uncommitted
+			// row makes this statement wait until that attempt ends (at most
+			// LOCK_TIMEOUT), and then it sees the outcome.
+			start := time.Now()
+			claimed, err := claim(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, allowNew)
+			res.ClaimDuration = obs.claimed(ctx, start)
+			if database.IsLockTimeout(err) {
+				outcome = OutcomeConflict
+				return ErrRequestInProgress
+			}
+			if err != nil {
+				return fmt.Errorf("claim key: %w", database.Classify(err))
+			}
+			if claimed {
+				return e.execute(ctx, tx, req, op, &res) // 2.
+			}
+
+			// 3. The key is taken, and its holder has finished (the claim
+			// waited for it). Read the row without locking it: a replay
+			// writes nothing, not even a lock (docs/performance.md).
+			rec, found, err := lookup(ctx, tx, req.Scope)
+			if err != nil {
+				return fmt.Errorf("look up key: %w", database.Classify(err))
+			}
+			if !found && !allowNew {
+				outcome = OutcomeQuotaExceeded
+				return ErrQuotaExceeded
+			}
+			if !found {
+				// 4. Expired (a late retry), or deleted since the claim. Take
+				// the expired row over; if another late retry took it first,
+				// the UPDATE waited for it and, re-checking expires_at,
+				// takes nothing: claim again and replay that one.
+				taken, err := takeOver(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention)
+				if database.IsLockTimeout(err) {
+					outcome = OutcomeConflict
+					return ErrRequestInProgress
+				}
+				if err != nil {
+					return fmt.Errorf("take over expired key: %w", database.Classify(err))
+				}
+				if !taken {
+					continue
+				}
+				return e.execute(ctx, tx, req, op, &res)
+			}
+			if !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
+				// One key, two intents: refuse rather than replay the
+				// wrong payment.
+				outcome = OutcomeMismatch
+				return ErrKeyReused
+			}
+			if rec.State == StateInProgress {
+				outcome = OutcomeConflict
+				return ErrRequestInProgress
+			}
+			return e.replay(ctx, tx, op, rec, &res, obs)
+		}
+		return fmt.Errorf("claim key: row vanished %d times in a row", maxClaimAttempts)
+	})
+	if err != nil {
+		return Result{}, outcome, err
+	}
+	// Counted only once the transaction committed: a claim that rolled back
+	// did not happen.
+	if res.Replayed {
+		return res, OutcomeReplayed, nil
+	}
+	if e.cfg.Quota != nil {
+		e.cfg.Quota.Record(req.Principal)
+	}
+	return res, OutcomeClaimed, nil
+}
+
+// execute runs op in the transaction that owns the key and stores its
+// outcome on the claimed row: the business write and the response commit
+// together, or neither does.
+func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, op Operation, res *Result) error {
+	out, err := op.Execute(ctx, tx)
+	if err != nil {
+		return err
+	}
+	state := StateCompleted
+	if out.Failed {
+		state = StateFailed
+	}
+	// A body over the cap is stored as a reference to its resource and
+	// re-rendered on replay, so one huge response cannot bloat the table.
+	ref := ""
+	if e.cfg.MaxStoredResponseBytes > 0 && len(out.Body) > e.cfg.MaxStoredResponseBytes {
+		if out.ResourceRef == "" || op.Rederive == nil {
+			return errResponseTooLarge
+		}
+		ref = out.ResourceRef
+	}
+	if err := complete(ctx, tx, req.Scope, state, out.Response, ref); err != nil {
+		return fmt.Errorf("store response: %w", database.Classify(err))
+	}
+	res.Response, res.OriginalRequestID = out.Response, req.RequestID
+	return nil
+}
+
+// replay answers with what the original attempt stored, after checking that
+// the caller may still see it: a revoked or narrowed key gets no replay.
+func (e *Executor) replay(ctx context.Context, tx pgx.Tx, op Operation, rec record, res *Result, obs *observation) error {
+	if op.Reauthorize != nil {
+		if err := op.Reauthorize(ctx, tx); err != nil {
+			return err
+		}
+	}
+	if rec.ResourceRef != "" {
+		// Status and content type are stored; only the body is re-rendered.
+		again, err := op.Rederive(ctx, tx, rec.ResourceRef)
+		if err != nil {
+			return fmt.Errorf("re-derive stored response: %w", err)
+		}
+		rec.Response.Body = again.Body
+	}
+	obs.linkToOriginal(rec)
+	res.Response, res.Replayed, res.OriginalRequestID = rec.Response, true, rec.OriginalRequestID
+	return nil
+}

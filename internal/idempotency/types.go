@@ -1,0 +1,110 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+var (
+	// ErrKeyReused means the key was already used, in this principal's scope
+	// and on this endpoint, for a request with a different fingerprint.
+	// Nothing was executed.
+	ErrKeyReused = errors.New("idempotency key reused with a different request")
+	// ErrRequestInProgress means another attempt with the same key is still
+	// running and did not finish within the lock timeout. Nothing was
+	// executed; the client should retry later.
+	ErrRequestInProgress = errors.New("a request with this idempotency key is in progress")
+	// ErrQuotaExceeded means the principal holds as many live keys as its
+	// quota allows; an existing key can still be replayed. Nothing was
+	// executed.
+	ErrQuotaExceeded = errors.New("idempotency key quota exceeded")
+)
+
+// Response is what a client receives, stored byte for byte for replays.
+type Response struct {
+	Status      int
+	ContentType string
+	Body        []byte
+}
+
+// Outcome is what an Operation produced. Failed marks a business rejection
+// that happened after execution began (for example a refund larger than what
+// remains): it is stored and replayed like a success, with state failed.
+type Outcome struct {
+	Response
+	Failed bool
+	// ResourceRef names the resource the response shows (its id). When the
+	// body is larger than Config.MaxStoredResponseBytes, the ref is stored
+	// instead and a replay calls Operation.Rederive with it.
+	ResourceRef string
+}
+
+// Operation is an endpoint's part of the protocol.
+type Operation struct {
+	// Execute does the business write in tx, the claiming transaction, and
+	// renders the response. Returning an error rolls back everything,
+	// including the claim: nothing is stored and a retry executes afresh.
+	Execute func(ctx context.Context, tx pgx.Tx) (Outcome, error)
+	// Reauthorize, when set, runs before a stored response is replayed, in
+	// the same transaction, to check that the caller may still see it.
+	Reauthorize func(ctx context.Context, tx pgx.Tx) error
+	// Rederive renders the response again from the resource named by ref,
+	// for a replay whose body was too large to store. It must only read:
+	// a replay never executes the request again. The response shows the
+	// resource as it is now, which may differ from the original.
+	Rederive func(ctx context.Context, tx pgx.Tx, ref string) (Response, error)
+}
+
+// Request is one attempt to run an Operation under a key.
+type Request struct {
+	Scope
+	// Fingerprint of the request, from Fingerprint.
+	Fingerprint []byte
+	// RequestID of this attempt; stored as correlation_id when it executes.
+	RequestID string
+}
+
+// Result is what to send back.
+type Result struct {
+	Response
+	// Replayed is true when Response was stored by an earlier attempt.
+	Replayed bool
+	// OriginalRequestID is the request id of the attempt that produced
+	// Response; it equals the Request's own id when not Replayed.
+	OriginalRequestID string
+	// ClaimDuration is how long the claim statement took, waiting for a
+	// concurrent duplicate included.
+	ClaimDuration time.Duration
+}
+
+// Config sets the executor's bounds and instruments.
+type Config struct {
+	// Retention is how long a key is kept after its claim: the published
+	// retry window plus a safety margin.
+	Retention time.Duration
+	// LockTimeout bounds the wait for a concurrent attempt with the same key.
+	LockTimeout time.Duration
+	// MaxStoredResponseBytes caps a stored body; a larger one is stored as
+	// its Outcome.ResourceRef. Zero means no cap.
+	MaxStoredResponseBytes int
+	// Quota, when set, limits the live keys of each principal.
+	Quota *Quota
+	// TracerProvider and MeterProvider instrument the protocol; nil means
+	// no telemetry.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+}
+
+// Outcomes of Do, as recorded in spans and metrics.
+const (
+	OutcomeClaimed       = "claimed"
+	OutcomeReplayed      = "replayed"
+	OutcomeConflict      = "conflict"
+	OutcomeMismatch      = "mismatch"
+	OutcomeQuotaExceeded = "quota_exceeded"
+)
