@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -148,4 +149,52 @@ func StartWhenReachable(ctx context.Context, client *Client, onErr func(error)) 
 		close(quit)
 		<-done
 	}
+}
+
+// Effect is a worker's part of Perform: its own SQL and its one external
+// call. R is the row the job acts on (a payment, a refund).
+type Effect[R any] struct {
+	// Load reads the row in the job's tenant; pending is false once the row
+	// is decided (an earlier run recorded the answer, or the reconciler
+	// did), and then there is nothing to do.
+	Load func(ctx context.Context, tx pgx.Tx) (row R, pending bool, err error)
+	// Call makes the external call for row, with the row's stable key, and
+	// returns how to record its answer; an error means the outcome is
+	// unknown and the job is retried. last says it is the last attempt.
+	Call func(ctx context.Context, row R, last bool) (record func(ctx context.Context, tx pgx.Tx) error, err error)
+}
+
+// Perform runs one attempt of a job that carries an external effect, the
+// same way for every kind: read the row, call outside any transaction (a
+// processor takes 100-800 ms; no connection is held meanwhile), and record
+// the answer in one transaction with the job's completion. A crash before
+// that transaction commits leaves the job to run again, and the repeated
+// call, with the same key, is answered from the processor's record; a crash
+// after it leaves nothing to do.
+func Perform[A river.JobArgs, R any](ctx context.Context, pool *database.Pool, principal uuid.UUID, job *river.Job[A], e Effect[R]) error {
+	var row R
+	var pending bool
+	err := database.InTenantTx(ctx, pool, principal, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) (err error) {
+		row, pending, err = e.Load(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s job %d: read its row: %w", job.Kind, job.ID, err)
+	}
+	if !pending {
+		return nil // a run that died after recording the answer, rescued; or reconciled
+	}
+	record, err := e.Call(ctx, row, LastAttempt(job.JobRow))
+	if err != nil {
+		return err // River retries with backoff
+	}
+	return database.InTenantTx(ctx, pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
+		if err := record(ctx, tx); err != nil {
+			return err
+		}
+		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+			return fmt.Errorf("complete %s job %d: %w", job.Kind, job.ID, database.Classify(err))
+		}
+		return nil
+	})
 }

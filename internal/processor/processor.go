@@ -90,3 +90,54 @@ func Definite(err error) bool {
 	var r *RejectedError
 	return errors.As(err, &d) || errors.As(err, &r)
 }
+
+// Verdict is what a processor's answer means for the money.
+type Verdict int
+
+// The verdicts Judge gives.
+const (
+	// Retry: the outcome is unknown and attempts remain; call again with
+	// the same key, which cannot charge twice.
+	Retry Verdict = iota
+	// Moved: the processor did it (charged, refunded).
+	Moved
+	// NotMoved: a definite no (declined, refused, no record); the reason
+	// says which.
+	NotMoved
+	// Unknown: no definite answer and no attempt left. The money may or may
+	// not have moved; only the processor's record can tell (reconcile).
+	Unknown
+)
+
+// Reasons Judge gives for NotMoved besides a decline's own code.
+const (
+	// ReasonRejected: the processor refused the request itself (a bug on
+	// this side); nothing moved.
+	ReasonRejected = "processor_rejected"
+	// ReasonNoRecord: asked after every attempt had ended, the processor has
+	// no record of the key; nothing moved.
+	ReasonNoRecord = "not_processed"
+)
+
+// Judge classifies the error of a call (a charge, a refund, or a lookup)
+// into a verdict, and for NotMoved the reason to record. last says whether
+// the call was the job's last attempt: an unknown outcome then is Unknown,
+// never NotMoved, because the processor may have moved the money on an
+// attempt whose answer was lost.
+func Judge(err error, last bool) (Verdict, string) {
+	var declined *DeclineError
+	var rejected *RejectedError
+	switch {
+	case err == nil:
+		return Moved, ""
+	case errors.As(err, &declined):
+		return NotMoved, declined.Reason
+	case errors.As(err, &rejected):
+		return NotMoved, ReasonRejected
+	case errors.Is(err, ErrNoRecord):
+		return NotMoved, ReasonNoRecord
+	case last:
+		return Unknown, ""
+	}
+	return Retry, ""
+}

@@ -86,7 +86,7 @@ func (r *Reconciler) Run(ctx context.Context) (Result, error) {
 			return res, err
 		}
 		res.Examined++
-		switch status {
+		switch status { // the same words for payments and refunds
 		case payments.StatusSucceeded:
 			res.Succeeded++
 		case payments.StatusFailed:
@@ -106,10 +106,14 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	if c.kind == "refund" {
 		op = processor.OpRefund
 	}
+	// A lookup is never retried within a run: "cannot say" leaves the row
+	// waiting for the next one (last = true makes it requires_reconciliation).
 	res, lookupErr := r.Processor.Lookup(ctx, op, c.id.String())
-	status, reason := payments.Outcome(lookupErr, true)
+	var status string
 	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
 		if c.kind == "payment" {
+			var reason *string
+			status, reason = payments.Decision(lookupErr, true)
 			_, err := payments.Settle(ctx, tx, c.id, status, reason, res.ID)
 			return err
 		}
@@ -117,6 +121,8 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 		if err != nil {
 			return err
 		}
+		var reason *string
+		status, reason = refunds.Decision(lookupErr, true)
 		_, err = refunds.Settle(ctx, tx, rf, status, reason, res.ID)
 		return err
 	})

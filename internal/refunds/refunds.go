@@ -5,6 +5,12 @@
 // A refund is recorded `pending`, and its amount is counted as refunded on
 // the payment at once, so pending refunds count against what remains; a
 // refund the processor refuses gives its amount back.
+//
+// The one import of another domain package: a refund locks its payment's row
+// and adds to its amount_refunded in the refund's own transaction
+// (payments.GetForUpdate, payments.AddRefunded), because "refunds never
+// exceed the payment" is a rule across both tables that only one
+// transaction can keep. payments knows nothing of refunds.
 package refunds
 
 import (

@@ -7,11 +7,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
-	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 )
 
@@ -26,8 +24,9 @@ type Args struct {
 func (Args) Kind() string { return "refund_payment" }
 
 // Worker sends a pending refund to the processor, keyed by the refund's id,
-// and records the answer with the job's completion in one transaction, as
-// payments.ChargeWorker does for charges (see Settle).
+// and records the answer with the job's completion (outbox.Perform), as
+// payments.ChargeWorker does for charges; Settle gives a failed refund's
+// amount back.
 type Worker struct {
 	river.WorkerDefaults[Args]
 	Pool      *database.Pool
@@ -36,29 +35,37 @@ type Worker struct {
 
 // Work runs one attempt.
 func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
-	var r Refund
-	err := database.InTenantTx(ctx, w.Pool, job.Args.Principal, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) (err error) {
-		r, err = Get(ctx, tx, job.Args.RefundID)
-		return err
+	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Refund]{
+		Load: func(ctx context.Context, tx pgx.Tx) (Refund, bool, error) {
+			r, err := Get(ctx, tx, job.Args.RefundID)
+			return r, r.Status == StatusPending, err
+		},
+		Call: func(ctx context.Context, r Refund, last bool) (func(context.Context, pgx.Tx) error, error) {
+			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ID.String(), ChargeKey: r.PaymentID.String(), Amount: r.Amount, Currency: r.Currency})
+			status, reason := Decision(err, last)
+			if status == "" {
+				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
+			}
+			return func(ctx context.Context, tx pgx.Tx) error {
+				_, err := Settle(ctx, tx, r, status, reason, res.ID)
+				return err
+			}, nil
+		},
 	})
-	if err != nil {
-		return fmt.Errorf("refund %s: %w", job.Args.RefundID, err)
+}
+
+// Decision maps a processor call's error (a refund, or the reconciler's
+// lookup) to the refund status and failure reason to record, or "" when the
+// call must be repeated (processor.Judge).
+func Decision(err error, last bool) (status string, reason *string) {
+	verdict, why := processor.Judge(err, last)
+	switch verdict {
+	case processor.Moved:
+		return StatusSucceeded, nil
+	case processor.NotMoved:
+		return StatusFailed, &why
+	case processor.Unknown:
+		return StatusRequiresReconciliation, nil
 	}
-	if r.Status != StatusPending {
-		return nil // a run that died after recording the answer, rescued
-	}
-	res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ID.String(), ChargeKey: r.PaymentID.String(), Amount: r.Amount, Currency: r.Currency})
-	status, reason := payments.Outcome(err, outbox.LastAttempt(job.JobRow))
-	if status == "" {
-		return fmt.Errorf("refund %s: %w", r.ID, err)
-	}
-	return database.InTenantTx(ctx, w.Pool, job.Args.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
-		if _, err := Settle(ctx, tx, r, status, reason, res.ID); err != nil {
-			return err
-		}
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
-			return fmt.Errorf("complete refund job %s: %w", r.ID, database.Classify(err))
-		}
-		return nil
-	})
+	return "", nil
 }
