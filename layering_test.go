@@ -60,15 +60,18 @@ func TestImportRules(t *testing.T) {
 	require.Contains(t, all, "internal/httpapi", "go list saw the packages")
 }
 
-// The production binary carries no test helper, fault injector or
-// benchmark-only code.
+// The production binary carries no test helper, fault injector, lab, load
+// test or benchmark-only code, nor their dependencies (plots, Redis).
 func TestProductionBinaryDependencies(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", module+"/cmd/api").Output()
 	require.NoError(t, err)
 	deps := string(out)
 	require.Contains(t, deps, module+"/internal/httpapi\n")
-	for _, bad := range []string{module + "/internal/testdb", module + "/internal/faultproxy", "github.com/stretchr/testify", "github.com/testcontainers/"} {
+	for _, bad := range []string{
+		module + "/internal/testdb", module + "/internal/faultproxy", module + "/internal/lab", module + "/loadtest", module + "/faults",
+		"github.com/stretchr/testify", "github.com/testcontainers/", "gonum.org/", "github.com/redis/go-redis",
+	} {
 		require.NotContains(t, deps, bad)
 	}
 }
