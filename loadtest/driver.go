@@ -18,6 +18,8 @@ import (
 	"github.com/google/uuid"
 
 	paymentsclient "github.com/payments-reference/idempotent-payments/client"
+
+	"github.com/payments-reference/idempotent-payments/loadtest/designs"
 )
 
 // driver sends payment requests: new keys, and a share of retries of keys it
@@ -38,10 +40,7 @@ type driver struct {
 
 // idempotentPaths are the paths that take an Idempotency-Key and replay:
 // this service's, and the load test's Redis-claim peer.
-var idempotentPaths = map[string]bool{"/v1/payments": true, redisPeerPath: true}
-
-// redisPeerPath is the peer design's route (BENCHMARK_REDIS_PEER).
-const redisPeerPath = "/benchmark/payments-redis-claim"
+var idempotentPaths = map[string]bool{"/v1/payments": true, designs.PeerPath: true}
 
 type sent struct {
 	client  int

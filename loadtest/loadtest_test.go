@@ -84,12 +84,12 @@ func TestSmoke(t *testing.T) {
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
 	for _, k := range []string{"stages", "baseline_rps", "peer_redis_claim_rps", "ours_to_peer_ratio", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
-		"machine", "go_version", "postgres_version", "postgres_settings", "outbox_drain_seconds", "api_log_errors", "cpu_profile"} {
+		"machine", "go_version", "postgres_version", "postgres_settings", "api_log_errors", "cpu_profile", "load_before", "cores", "noisy"} {
 		require.Contains(t, fields, k)
 	}
 	stage := fields["stages"].([]any)[0].(map[string]any)
 	for _, k := range []string{"table_rows", "table_bytes", "index_bytes", "rps", "request_p50_ms", "request_p99_ms",
-		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds",
+		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds", "outbox_drain_seconds",
 		"updates", "hot_updates", "hot_ratio", "wal_bytes_per_request", "replay_wal_bytes_per_request", "replay_only_rps", "replay_only_p99_ms", "replay_to_new_rps", "replay_to_new_p99"} {
 		require.Contains(t, stage, k)
 	}

@@ -96,7 +96,7 @@ func parseFlags(args []string) (config, error) {
 		"superuser URL of the database to use (created and migrated if missing)")
 	fs.StringVar(&c.appDatabaseURL, "app-database-url", "", "service-role URL for the API it starts (default: -database-url as payments_app)")
 	fs.StringVar(&c.maintenanceURL, "maintenance-database-url", "", "maintenance-role URL for the API it starts (default: -database-url as payments_maintenance)")
-	fs.StringVar(&c.apiURL, "api-url", "", "target an API already running (loopback only; start it with SERVER_TIMING=true and, for the baseline, BENCHMARK_IDEMPOTENCY_BYPASS=true)")
+	fs.StringVar(&c.apiURL, "api-url", "", "target an API already running (loopback only): the load test's server, go run ./loadtest/server, for the baseline, the peer and the claim timing")
 	fs.BoolVar(&c.baseline, "baseline", true, "also measure the same write without idempotency")
 	fs.BoolVar(&c.takeOver, "take-over", false, "let the load test own and empty a database it did not create")
 	fs.StringVar(&c.redisPeer, "redis-peer", "127.0.0.1:6379", "also measure the peer design, keys claimed in this Redis (loopback only; \"\" skips it)")

@@ -22,7 +22,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/httpapi"
+	"github.com/payments-reference/idempotent-payments/loadtest/designs"
 )
 
 // Stage is what one table size measured.
@@ -300,24 +300,24 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		// idempotency, and the same SQL from pgbench.
 		res.IdempotentRPS = st.RPS
 		if cfg.baseline {
-			if err := warmUp("/benchmark/payments-without-idempotency", "baseline warm-up"); err != nil {
+			if err := warmUp(designs.BaselinePath, "baseline warm-up"); err != nil {
 				return nil, err
 			}
-			b := driver.run(ctx, "/benchmark/payments-without-idempotency", 0, cfg.duration, progress, "baseline (no idempotency)")
+			b := driver.run(ctx, designs.BaselinePath, 0, cfg.duration, progress, "baseline (no idempotency)")
 			var bs Stage
 			b.fill(&bs, cfg.duration)
 			if bs.Requests == 0 || len(bs.Errors) > 0 {
-				return nil, fmt.Errorf("baseline failed (%v): start the API with BENCHMARK_IDEMPOTENCY_BYPASS=true, or pass -baseline=false", bs.Errors)
+				return nil, fmt.Errorf("baseline failed (%v): the API at -api-url must be the load test's server (loadtest/server), or pass -baseline=false", bs.Errors)
 			}
 			res.BaselineRPS, res.BaselineP99 = bs.RPS, bs.RequestP99
 			res.OverheadRatio = res.IdempotentRPS / res.BaselineRPS
 			fmt.Fprintf(progress, "\rbaseline (no idempotency): %.0f req/s, p99 %.2f ms; idempotent/baseline = %.2f%20s\n", bs.RPS, bs.RequestP99, res.OverheadRatio, "")
 		}
 		if cfg.redisPeer != "" {
-			if err := warmUp(redisPeerPath, "peer warm-up"); err != nil {
+			if err := warmUp(designs.PeerPath, "peer warm-up"); err != nil {
 				return nil, err
 			}
-			p := driver.run(ctx, redisPeerPath, cfg.replayFraction, cfg.duration, progress, "peer (claim in Redis)")
+			p := driver.run(ctx, designs.PeerPath, cfg.replayFraction, cfg.duration, progress, "peer (claim in Redis)")
 			var ps Stage
 			p.fill(&ps, cfg.duration)
 			if ps.Requests == 0 || len(ps.Errors) > 0 {
@@ -485,21 +485,20 @@ func createClients(ctx context.Context, admin *pgxpool.Pool, n int) ([]client, e
 	return out, nil
 }
 
-// startAPI builds cmd/api and runs it on a free loopback port, exactly as
-// users run it, with Server-Timing and the benchmark bypass switched on.
+// startAPI builds the load test's server (loadtest/server: the service as
+// `api serve` runs it, plus the baseline and peer routes and the claim's
+// Server-Timing) and runs it on a free loopback port.
 func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(), apiURL string, err error) {
 	dir, err := os.MkdirTemp("", "loadtest-api")
 	if err != nil {
 		return nil, "", err
 	}
 	bin := filepath.Join(dir, "api")
-	fmt.Fprintln(progress, "building cmd/api")
-	// -tags benchmark compiles in the baseline's bypass route, which a
-	// production build does not have.
-	build := exec.CommandContext(ctx, "go", "build", "-tags", "benchmark", "-o", bin, "github.com/payments-reference/idempotent-payments/cmd/api")
+	fmt.Fprintln(progress, "building the load test's server (the service, plus its baseline and peer routes)")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/payments-reference/idempotent-payments/loadtest/server")
 	build.Stderr = progress
 	if err := build.Run(); err != nil {
-		return nil, "", fmt.Errorf("build cmd/api: %w", err)
+		return nil, "", fmt.Errorf("build loadtest/server: %w", err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -519,7 +518,7 @@ func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(),
 	if err != nil {
 		return nil, "", err
 	}
-	cmd := exec.Command(bin, "serve")
+	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
 		"ADDR="+addr,
 		"METRICS_ADDR="+cfg.metricsAddr,
@@ -527,9 +526,7 @@ func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(),
 		"DATABASE_URL="+appURL,
 		"MAINTENANCE_DATABASE_URL="+maintURL,
 		"MIGRATE_ON_START=false",
-		"SERVER_TIMING=true",
-		"BENCHMARK_IDEMPOTENCY_BYPASS=true",
-		"BENCHMARK_REDIS_PEER="+cfg.redisPeer,
+		"LOADTEST_REDIS_PEER="+cfg.redisPeer,
 		"LOG_LEVEL=warn",
 		fmt.Sprintf("DB_MAX_CONNS=%d", cfg.dbMaxConns),
 	)
@@ -607,7 +604,7 @@ func removePeerKeys(addr string, progress io.Writer) {
 	defer cancel()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	iter := rdb.Scan(ctx, 0, httpapi.RedisPeerKeyPrefix+"*", 1000).Iterator()
+	iter := rdb.Scan(ctx, 0, designs.PeerKeyPrefix+"*", 1000).Iterator()
 	var batch []string
 	for iter.Next(ctx) {
 		if batch = append(batch, iter.Val()); len(batch) == 1000 {

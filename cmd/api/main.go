@@ -23,34 +23,21 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/exaring/otelpgx"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/riverqueue/river"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/payments-reference/idempotent-payments/internal/app"
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/config"
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/httpapi"
-	"github.com/payments-reference/idempotent-payments/internal/idempotency"
-	"github.com/payments-reference/idempotent-payments/internal/outbox"
-	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
-	"github.com/payments-reference/idempotent-payments/internal/reconcile"
-	"github.com/payments-reference/idempotent-payments/internal/refunds"
-	"github.com/payments-reference/idempotent-payments/internal/telemetry"
 )
 
 func main() {
@@ -101,12 +88,12 @@ func runLogging(ctx context.Context, args []string, getenv func(string) string, 
 	}
 	switch cmd {
 	case "serve":
-		return serve(ctx, cfg, log, getenv)
+		return app.Serve(ctx, cfg, log, getenv, app.Options{})
 	case "migrate":
 		if len(args) != 1 || args[0] != "up" {
 			return errors.New(usage)
 		}
-		if err := migrateUp(ctx, cfg); err != nil {
+		if err := app.MigrateUp(ctx, cfg); err != nil {
 			return err
 		}
 		log.Info("migrations applied")
@@ -147,199 +134,6 @@ func printHelp(w io.Writer) error {
 	return err
 }
 
-func migrateUp(ctx context.Context, cfg config.Config) error {
-	if err := database.EnsureDatabase(ctx, cfg.MigrateDatabaseURL); err != nil {
-		return err
-	}
-	return database.Migrate(ctx, cfg.MigrateDatabaseURL)
-}
-
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string) error {
-	if cfg.Sim != (config.SimSettings{}) {
-		return errors.New("PROCESSOR_SIM_* configure `api processor-sim` only: serve's in-process simulator never misbehaves; point PROCESSOR_URL at a processor-sim to test faults")
-	}
-	log.Info("starting", cfg.LogAttrs()...)
-	if !cfg.Livemode() {
-		log.Warn("TEST MODE: PROCESSOR_URL is unset, so payments are charged through the in-process simulator, which moves no money and succeeds every charge; every payment and refund says livemode: false. Set PROCESSOR_URL (and APP_ENV=production, which requires it) for real payments")
-	}
-	if cfg.MigrateOnStart {
-		log.Info("MIGRATE_ON_START is on (the development default): serve applies migrations with MIGRATE_DATABASE_URL, the owner's credentials; in production run `api migrate up` as its own step (APP_ENV=production turns this off)")
-	}
-	if cfg.MigrateOnStart {
-		if err := migrateUp(ctx, cfg); err != nil {
-			return err
-		}
-		log.Info("migrations applied")
-	}
-	tel, err := telemetry.Setup(ctx, "idempotent-payments", getenv)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tel.Shutdown(sctx); err != nil {
-			log.Error("telemetry shutdown", "error", err)
-		}
-	}()
-	sqlTracer := otelpgx.NewTracer(otelpgx.WithTracerProvider(tel.TracerProvider), otelpgx.WithMeterProvider(tel.MeterProvider))
-	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout, Tracer: sqlTracer, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	// The pool connects on first use, so the service starts while the
-	// database is down; say at once if the service role cannot get in.
-	go func() {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if err := pool.Ping(pctx); err != nil && ctx.Err() == nil {
-			log.Warn("the service role cannot reach the database yet; requests get 503 until it can", "error", err)
-		}
-	}()
-	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
-	if err != nil {
-		return err
-	}
-	defer maint.Close()
-	if err := idempotency.RegisterStoreMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
-		return err
-	}
-
-	// Background work stops after the server has drained its requests, so
-	// the quota's final flush includes their claims, and before the pools
-	// close.
-	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	var background sync.WaitGroup
-	defer func() {
-		stopBackground()
-		background.Wait()
-	}()
-	var quota *idempotency.Quota
-	if cfg.KeyQuota > 0 {
-		quota = idempotency.NewQuota(pool, idempotency.QuotaConfig{Limit: cfg.KeyQuota, Retention: cfg.Retention(), Refresh: cfg.QuotaRefresh})
-		background.Go(func() {
-			quota.Run(bg, func(err error) { log.Error("key quota flush failed", "error", err) })
-		})
-	}
-	sweeper, err := newSweeper(cfg, maint, tel.MeterProvider)
-	if err != nil {
-		return err
-	}
-	if cfg.SweepInterval > 0 {
-		// A sweep that found nothing to delete is the common case: not news.
-		sweeper.OnSweep = func(deleted int64) {
-			if deleted > 0 {
-				log.Info("swept expired idempotency keys", "deleted", deleted)
-			}
-		}
-		background.Go(func() {
-			sweeper.Run(bg, cfg.SweepInterval, func(err error) { log.Error("sweep failed", "error", err) })
-		})
-	}
-
-	proc, err := newProcessor(ctx, cfg, log, tel.TracerProvider)
-	if err != nil {
-		return err
-	}
-	if proc, err = processor.Measured(proc, tel.MeterProvider); err != nil {
-		return err
-	}
-	jobs, err := newOutbox(cfg, pool, proc, log, tel)
-	if err != nil {
-		return err
-	}
-	if cfg.OutboxWorkers > 0 {
-		giveUp := outbox.StartWhenReachable(bg, jobs, func(err error) { log.Warn("outbox workers not started yet", "error", err) })
-		// After the server has drained: jobs its last requests inserted
-		// are worked now or by the next process.
-		defer func() {
-			giveUp()
-			sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-			defer cancel()
-			if err := jobs.Stop(sctx); err != nil {
-				log.Error("outbox workers stop", "error", err)
-			}
-		}()
-	}
-	if err := outbox.RegisterMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
-		return err
-	}
-
-	executor, err := idempotency.NewExecutor(pool, idempotency.Config{
-		Retention:              cfg.Retention(),
-		LockTimeout:            cfg.LockTimeout,
-		MaxStoredResponseBytes: cfg.MaxStoredResponseBytes,
-		Quota:                  quota,
-		TracerProvider:         tel.TracerProvider,
-		MeterProvider:          tel.MeterProvider,
-	})
-	if err != nil {
-		return err
-	}
-	if (cfg.BenchmarkIdempotencyBypass || cfg.BenchmarkRedisPeer != "") && !httpapi.BenchmarkBypassAvailable {
-		return errors.New("BENCHMARK_IDEMPOTENCY_BYPASS and BENCHMARK_REDIS_PEER need a binary built with -tags benchmark (the load test builds one); production binaries have neither")
-	}
-	if err := registerLivemode(tel.MeterProvider, cfg.Livemode()); err != nil {
-		return err
-	}
-	handler := httpapi.New(httpapi.Deps{
-		Livemode:           cfg.Livemode(),
-		Logger:             log,
-		Pool:               pool,
-		Idempotency:        executor,
-		Outbox:             jobs,
-		MaxBodyBytes:       cfg.MaxBodyBytes,
-		RequestTimeout:     cfg.RequestTimeout,
-		TracerProvider:     tel.TracerProvider,
-		MeterProvider:      tel.MeterProvider,
-		Propagator:         tel.Propagator,
-		ServerTiming:       cfg.ServerTiming,
-		BenchmarkBypass:    cfg.BenchmarkIdempotencyBypass,
-		BenchmarkRedisPeer: cfg.BenchmarkRedisPeer,
-	})
-	if cfg.BenchmarkIdempotencyBypass {
-		log.Warn("BENCHMARK_IDEMPOTENCY_BYPASS is on: POST /benchmark/payments-without-idempotency writes payments with no idempotency protection; for load tests only")
-	}
-	// The deadlines are ordered so that each failure is answered on the wire:
-	// the request's bytes must arrive within BodyTimeout (else 408), its work
-	// ends within RequestTimeout (else 503), and the answer is written within
-	// RequestTimeout + 5 s. A read deadline past the write deadline would turn
-	// a slow body into a closed connection instead of a 408.
-	srv := &http.Server{
-		Addr:              cfg.Addr,
-		Handler:           handler,
-		ReadHeaderTimeout: min(5*time.Second, cfg.BodyTimeout),
-		ReadTimeout:       cfg.BodyTimeout,
-		WriteTimeout:      cfg.RequestTimeout + 5*time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	errc := make(chan error, 2)
-	go func() { errc <- srv.ListenAndServe() }()
-	log.Info("listening", "addr", cfg.Addr)
-	if cfg.MetricsAddr != "off" {
-		metricsSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(tel, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
-		go func() { errc <- metricsSrv.ListenAndServe() }()
-		defer metricsSrv.Close()
-		log.Info("serving metrics", "addr", cfg.MetricsAddr, "path", "/metrics")
-	}
-
-	select {
-	case err := <-errc:
-		return fmt.Errorf("listen: %w", err)
-	case <-ctx.Done():
-	}
-	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
-	return nil
-}
-
 // healthcheck asks the API on ADDR for /healthz, for a container's
 // healthcheck in an image that has no curl.
 func healthcheck(ctx context.Context, cfg config.Config) error {
@@ -367,28 +161,6 @@ func healthcheck(ctx context.Context, cfg config.Config) error {
 	return nil
 }
 
-// newProcessor returns the processor client: for PROCESSOR_URL, or for a
-// simulator started in this process on a loopback port, which lives as long
-// as ctx.
-func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider) (processor.Processor, error) {
-	url := cfg.ProcessorURL
-	if url == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("listen for the processor simulator: %w", err)
-		}
-		// No fault switches here: they belong to `api processor-sim`.
-		srv := &http.Server{Handler: processor.NewSimulator(processor.SimConfig{Seed: uint64(time.Now().UnixNano())}), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(l) }()
-		context.AfterFunc(ctx, func() { srv.Close() })
-		url = "http://" + l.Addr().String()
-		log.Info("processor simulator running in process (test mode)", "url", url)
-	}
-	// Each call is a client span, a child of the job attempt that made it.
-	transport := otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))
-	return processor.NewClient(url, &http.Client{Timeout: cfg.ProcessorTimeout, Transport: transport}), nil
-}
-
 func simConfig(cfg config.Config) processor.SimConfig {
 	return processor.SimConfig{Latency: cfg.Sim.Latency, ErrorRate: cfg.Sim.ErrorRate, DropRate: cfg.Sim.DropRate,
 		TimeoutRate: cfg.Sim.TimeoutRate, Hold: cfg.Sim.Hold, Seed: uint64(time.Now().UnixNano())}
@@ -408,48 +180,6 @@ func serveSimulator(ctx context.Context, cfg config.Config, log *slog.Logger) er
 	}
 }
 
-// newOutbox returns the River client that inserts and works the processor
-// jobs of payments and refunds.
-func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor, log *slog.Logger, tel *telemetry.Telemetry) (*outbox.Client, error) {
-	workers := river.NewWorkers()
-	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
-	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
-	river.AddWorker(workers, &reconcile.Worker{Reconciler: newReconciler(cfg, pool, proc)})
-	return outbox.NewClient(pool, workers, outbox.Config{
-		Periodic:       []*river.PeriodicJob{reconcile.Periodic(cfg.ReconcileInterval)},
-		Workers:        cfg.OutboxWorkers,
-		JobTimeout:     cfg.OutboxJobTimeout,
-		RescueAfter:    cfg.OutboxRescueAfter,
-		MaxAttempts:    cfg.OutboxMaxAttempts,
-		RetryBase:      cfg.OutboxRetryBase,
-		RetryMax:       cfg.OutboxRetryMax,
-		Logger:         log,
-		TracerProvider: tel.TracerProvider,
-		MeterProvider:  tel.MeterProvider,
-	})
-}
-
-// registerLivemode reports processor_livemode: 1 when payments move real
-// money, 0 in test mode, so a dashboard or an alert sees a production
-// deployment that is charging the simulator.
-func registerLivemode(mp metric.MeterProvider, live bool) error {
-	v := int64(0)
-	if live {
-		v = 1
-	}
-	_, err := mp.Meter("github.com/payments-reference/idempotent-payments/cmd/api").Int64ObservableGauge("processor_livemode",
-		metric.WithDescription("1 when payments are charged through a real processor (PROCESSOR_URL), 0 in test mode (the in-process simulator: no money moves)."),
-		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error { o.Observe(v); return nil }))
-	if err != nil {
-		return fmt.Errorf("livemode gauge: %w", err)
-	}
-	return nil
-}
-
-func newReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor) *reconcile.Reconciler {
-	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000}
-}
-
 // reconcileOnce settles what waits for reconciliation, for operators: after
 // a processor outage, or to see at once what the periodic job would do.
 func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string, stdout io.Writer) error {
@@ -464,34 +194,15 @@ func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, get
 		return err
 	}
 	defer pool.Close()
-	proc, err := newProcessor(ctx, cfg, log, noop.NewTracerProvider())
+	proc, err := app.NewProcessor(ctx, cfg, log, noop.NewTracerProvider())
 	if err != nil {
 		return err
 	}
-	res, err := newReconciler(cfg, pool, proc).Run(ctx)
+	res, err := app.NewReconciler(cfg, pool, proc).Run(ctx)
 	if err != nil {
 		return err
 	}
 	return json.NewEncoder(stdout).Encode(res)
-}
-
-func newSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider) (*idempotency.Sweeper, error) {
-	return idempotency.NewSweeper(maint, idempotency.SweeperConfig{
-		Chunk: cfg.SweepChunk, Pause: cfg.SweepPause, Retention: cfg.Retention(), MeterProvider: mp,
-	})
-}
-
-// metricsMux serves /metrics, and /debug/pprof/ when enabled; it listens
-// apart from the API so neither is ever exposed with it.
-func metricsMux(tel *telemetry.Telemetry, withPprof bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", tel.MetricsHandler)
-	if withPprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	return mux
 }
 
 // sweep deletes expired keys once, for operators and cron, and reports what
@@ -502,7 +213,7 @@ func sweep(ctx context.Context, cfg config.Config, stdout io.Writer) error {
 		return err
 	}
 	defer maint.Close()
-	sweeper, err := newSweeper(cfg, maint, nil)
+	sweeper, err := app.NewSweeper(cfg, maint, nil)
 	if err != nil {
 		return err
 	}

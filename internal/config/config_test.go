@@ -29,8 +29,6 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 64<<10, c.MaxStoredResponseBytes)
 	require.EqualValues(t, 1_000_000, c.KeyQuota)
 	require.Equal(t, time.Minute, c.SweepInterval)
-	require.False(t, c.ServerTiming)
-	require.False(t, c.BenchmarkIdempotencyBypass)
 	require.False(t, c.Pprof)
 }
 
@@ -128,4 +126,15 @@ func TestDatabaseURLNamesTheDatabaseForEveryRole(t *testing.T) {
 
 	_, err = config.Load(env(map[string]string{"DATABASE_URL": "postgres://payments_app@127.0.0.1:5432/shop", "MIGRATE_DATABASE_URL": "postgres://postgres@127.0.0.1:5432/payments"}))
 	require.ErrorContains(t, err, `MIGRATE_DATABASE_URL names the database "payments", DATABASE_URL "shop"`)
+}
+
+// The deadlines stay ordered read < request: BODY_TIMEOUT follows a short
+// REQUEST_TIMEOUT when it is not set, and is refused when set out of order.
+func TestBodyTimeoutStaysShorterThanTheRequest(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load(env(map[string]string{"REQUEST_TIMEOUT": "1s", "LOCK_TIMEOUT": "300ms"}))
+	require.NoError(t, err)
+	require.Less(t, c.BodyTimeout, c.RequestTimeout)
+	_, err = config.Load(env(map[string]string{"REQUEST_TIMEOUT": "1s", "LOCK_TIMEOUT": "300ms", "BODY_TIMEOUT": "2s"}))
+	require.ErrorContains(t, err, "BODY_TIMEOUT (2s) must be shorter than REQUEST_TIMEOUT (1s)")
 }

@@ -43,27 +43,11 @@ type Deps struct {
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 	Propagator     propagation.TextMapPropagator
-	// ServerTiming adds "Server-Timing: claim;dur=<ms>" to idempotent
-	// responses, for the load test. Off by default: it tells clients how
-	// long a statement took.
-	ServerTiming bool
-	// BenchmarkBypass mounts POST /benchmark/payments-without-idempotency:
-	// the same payment write with no key, claim or stored response, so the
-	// load test can measure idempotency's overhead side by side. It is a way
-	// to pay twice, so its code is only in binaries built with -tags
-	// benchmark (BenchmarkBypassAvailable); New panics if it is asked for in
-	// another.
-	BenchmarkBypass bool
-	// BenchmarkRedisPeer, a Redis address, mounts POST
-	// /benchmark/payments-redis-claim: the payment with its key claimed in
-	// Redis instead of PostgreSQL, the load test's peer design. Like
-	// BenchmarkBypass it exists only in -tags benchmark builds.
-	BenchmarkRedisPeer string
+	// Authenticated, when set, mounts routes behind the same middleware and
+	// authentication as /v1: a harness's routes (the load test's baseline and
+	// peer designs, in its own server). The service sets none.
+	Authenticated func(chi.Router)
 }
-
-// RedisPeerKeyPrefix begins every key the peer design (BenchmarkRedisPeer)
-// writes, so the load test can remove them after its run.
-const RedisPeerKeyPrefix = "payments-peer-claim:"
 
 type api struct {
 	log          *slog.Logger
@@ -71,7 +55,6 @@ type api struct {
 	idem         *idempotency.Executor
 	outbox       outbox.Inserter
 	maxBodyBytes int64
-	serverTiming bool
 	livemode     bool
 }
 
@@ -81,7 +64,7 @@ func New(d Deps) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &api{log: slog.New(withRequestIDs(log.Handler())), pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, serverTiming: d.ServerTiming, livemode: d.Livemode}
+	a := &api{log: slog.New(withRequestIDs(log.Handler())), pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, livemode: d.Livemode}
 
 	r := chi.NewRouter()
 	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout), headAsGet)
@@ -100,11 +83,11 @@ func New(d Deps) http.Handler {
 		r.Mount("/payments", a.paymentRoutes())
 		r.Mount("/refunds", a.refundRoutes())
 	})
-	if d.BenchmarkBypass {
-		a.mountBenchmarkBypass(r)
-	}
-	if d.BenchmarkRedisPeer != "" {
-		a.mountRedisPeer(r, d.BenchmarkRedisPeer)
+	if d.Authenticated != nil {
+		r.Group(func(r chi.Router) {
+			r.Use(authenticate(a.pool, a.log))
+			d.Authenticated(r)
+		})
 	}
 	routes = flatten(r)
 	return r

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 
@@ -101,9 +100,6 @@ func (a *api) runIdempotent(w http.ResponseWriter, r *http.Request, req idempote
 	if res.Replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 		w.Header().Set("X-Original-Request-Id", res.OriginalRequestID)
-	}
-	if a.serverTiming {
-		w.Header().Set("Server-Timing", fmt.Sprintf("claim;dur=%.3f", float64(res.ClaimDuration.Microseconds())/1000))
 	}
 	writeResponse(w, res.Response)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -135,24 +134,6 @@ func TestSpansHoldNoRequestData(t *testing.T) {
 	for _, secret := range []string{key, description, k.Secret, id} {
 		require.NotContains(t, all, secret)
 	}
-}
-
-func TestServerTimingHeader(t *testing.T) {
-	t.Parallel()
-	// One service per subtest: a test holds one database (testdb.New).
-	t.Run("off by default", func(t *testing.T) {
-		off := setup(t)
-		k := off.newKey(t, "acme", allScopes...)
-		require.Empty(t, off.post(t, "/v1/payments", k.Secret, "k", paymentBody).Header.Get("Server-Timing"))
-	})
-	t.Run("on", func(t *testing.T) {
-		on := setup(t, func(o *options) { o.serverTiming = true })
-		k := on.newKey(t, "acme", allScopes...)
-		for range 2 { // created, then replayed
-			h := on.post(t, "/v1/payments", k.Secret, "k", paymentBody).Header.Get("Server-Timing")
-			require.Regexp(t, regexp.MustCompile(`^claim;dur=\d+\.\d{3}$`), h)
-		}
-	})
 }
 
 func TestIdempotencyMetrics(t *testing.T) {

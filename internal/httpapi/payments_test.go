@@ -13,8 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 )
 
 const paymentBody = `{"amount": 1000, "currency": "usd", "description": "order 42", "metadata": {"order": "42"}}`
@@ -377,20 +375,6 @@ func TestLogsHoldNoSecrets(t *testing.T) {
 		hex.EncodeToString(secretHash[:]), base64.StdEncoding.EncodeToString(secretHash[:])} {
 		require.NotContains(t, logs, secret)
 	}
-}
-
-// The load test's baseline route pays without a key: a production build (as
-// the tests are) has no such code, and refuses to be asked for it. The load
-// test's smoke test exercises the route in a binary built with -tags benchmark.
-func TestBenchmarkBypassIsNotInProductionBuilds(t *testing.T) {
-	t.Parallel()
-	require.False(t, httpapi.BenchmarkBypassAvailable)
-	b := setup(t)
-	k := b.newKey(t, "acme", allScopes...)
-	r := b.do(t, call{method: http.MethodPost, path: "/benchmark/payments-without-idempotency", secret: k.Secret, body: paymentBody, offSpec: true})
-	requireProblem(t, r, http.StatusNotFound, "not-found")
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
-	require.Panics(t, func() { httpapi.New(httpapi.Deps{BenchmarkBypass: true}) })
 }
 
 // The fingerprint distinguishes exactly what the handler distinguishes: a

@@ -48,9 +48,8 @@ type options struct {
 	acquireTimeout time.Duration
 	lockTimeout    time.Duration
 	maxBodyBytes   int64
-	maxStored      int   // MaxStoredResponseBytes
-	keyQuota       int64 // 0: no quota
-	serverTiming   bool
+	maxStored      int    // MaxStoredResponseBytes
+	keyQuota       int64  // 0: no quota
 	databaseURL    string // overrides the test database's service-role URL
 	requestTimeout time.Duration
 	idleInTx       time.Duration // the pool's IdleInTxTimeout
@@ -206,7 +205,6 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		TracerProvider: tp,
 		MeterProvider:  mp,
 		Propagator:     propagation.TraceContext{},
-		ServerTiming:   o.serverTiming,
 		MaxBodyBytes:   o.maxBodyBytes,
 		RequestTimeout: o.requestTimeout,
 	})

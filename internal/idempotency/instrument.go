@@ -74,10 +74,8 @@ func (e *Executor) observe(ctx context.Context, req Request) (context.Context, *
 }
 
 // claimed records the claim statement's time, waits included.
-func (o *observation) claimed(ctx context.Context, start time.Time) time.Duration {
-	d := time.Since(start)
-	o.e.claimDur.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("endpoint", o.req.Endpoint)))
-	return d
+func (o *observation) claimed(ctx context.Context, start time.Time) {
+	o.e.claimDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("endpoint", o.req.Endpoint)))
 }
 
 // end records the outcome and ends the span. A mismatch, a conflict and a

@@ -63,7 +63,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			// LOCK_TIMEOUT), and then it sees the outcome.
 			start := time.Now()
 			claimed, err := claim(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, allowNew)
-			res.ClaimDuration = obs.claimed(ctx, start)
+			obs.claimed(ctx, start)
 			if database.IsLockTimeout(err) {
 				outcome = OutcomeConflict
 				return ErrRequestInProgress

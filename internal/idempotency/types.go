@@ -77,9 +77,6 @@ type Result struct {
 	// OriginalRequestID is the request id of the attempt that produced
 	// Response; it equals the Request's own id when not Replayed.
 	OriginalRequestID string
-	// ClaimDuration is how long the claim statement took, waiting for a
-	// concurrent duplicate included.
-	ClaimDuration time.Duration
 }
 
 // Config sets the executor's bounds and instruments.

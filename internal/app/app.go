@@ -1,0 +1,345 @@
+// Package app wires the service from its configuration: what `api serve`
+// runs (Serve), and the pieces the operator subcommands share. cmd/api calls
+// it; so does the load test's own server (loadtest/server), which adds its
+// baseline and peer routes through Options, so that neither those routes nor
+// their dependencies are in the production binary.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"time"
+
+	"github.com/exaring/otelpgx"
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/payments-reference/idempotent-payments/internal/config"
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
+	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/reconcile"
+	"github.com/payments-reference/idempotent-payments/internal/refunds"
+	"github.com/payments-reference/idempotent-payments/internal/telemetry"
+)
+
+// Options extend Serve for a harness. The service itself passes none.
+type Options struct {
+	// Routes mounts routes behind the API's middleware and authentication:
+	// the load test's baseline and peer designs, measured through the same
+	// stack as POST /v1/payments.
+	Routes func(r chi.Router, d Deps)
+	// WrapTracer wraps the service pool's statement tracer (the load test
+	// times the claim statement of each request with it).
+	WrapTracer func(pgx.QueryTracer) pgx.QueryTracer
+	// Middleware wraps the whole API handler.
+	Middleware func(http.Handler) http.Handler
+}
+
+// Deps is what Options.Routes may use.
+type Deps struct {
+	Pool     *database.Pool
+	Outbox   outbox.Inserter
+	Logger   *slog.Logger
+	Livemode bool
+}
+
+// MigrateUp creates the database if it is missing and applies the migrations,
+// as the owner role (MIGRATE_DATABASE_URL).
+func MigrateUp(ctx context.Context, cfg config.Config) error {
+	if err := database.EnsureDatabase(ctx, cfg.MigrateDatabaseURL); err != nil {
+		return err
+	}
+	return database.Migrate(ctx, cfg.MigrateDatabaseURL)
+}
+
+// Serve runs the API until ctx ends: the pools, the telemetry, the sweeper,
+// the outbox workers and the reconciler, the HTTP server and the metrics
+// listener, each stopped in order on the way out.
+func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string, opts Options) error {
+	if cfg.Sim != (config.SimSettings{}) {
+		return errors.New("PROCESSOR_SIM_* configure `api processor-sim` only: serve's in-process simulator never misbehaves; point PROCESSOR_URL at a processor-sim to test faults")
+	}
+	log.Info("starting", cfg.LogAttrs()...)
+	if !cfg.Livemode() {
+		log.Warn("TEST MODE: PROCESSOR_URL is unset, so payments are charged through the in-process simulator, which moves no money and succeeds every charge; every payment and refund says livemode: false. Set PROCESSOR_URL (and APP_ENV=production, which requires it) for real payments")
+	}
+	if cfg.MigrateOnStart {
+		log.Info("MIGRATE_ON_START is on (the development default): serve applies migrations with MIGRATE_DATABASE_URL, the owner's credentials; in production run `api migrate up` as its own step (APP_ENV=production turns this off)")
+	}
+	if cfg.MigrateOnStart {
+		if err := MigrateUp(ctx, cfg); err != nil {
+			return err
+		}
+		log.Info("migrations applied")
+	}
+	tel, err := telemetry.Setup(ctx, "idempotent-payments", getenv)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			log.Error("telemetry shutdown", "error", err)
+		}
+	}()
+	var sqlTracer pgx.QueryTracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tel.TracerProvider), otelpgx.WithMeterProvider(tel.MeterProvider))
+	if opts.WrapTracer != nil {
+		sqlTracer = opts.WrapTracer(sqlTracer)
+	}
+	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout, Tracer: sqlTracer, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The pool connects on first use, so the service starts while the
+	// database is down; say at once if the service role cannot get in.
+	go func() {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := pool.Ping(pctx); err != nil && ctx.Err() == nil {
+			log.Warn("the service role cannot reach the database yet; requests get 503 until it can", "error", err)
+		}
+	}()
+	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
+	if err != nil {
+		return err
+	}
+	defer maint.Close()
+	if err := idempotency.RegisterStoreMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
+		return err
+	}
+
+	// Background work stops after the server has drained its requests, so
+	// the quota's final flush includes their claims, and before the pools
+	// close.
+	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var background sync.WaitGroup
+	defer func() {
+		stopBackground()
+		background.Wait()
+	}()
+	var quota *idempotency.Quota
+	if cfg.KeyQuota > 0 {
+		quota = idempotency.NewQuota(pool, idempotency.QuotaConfig{Limit: cfg.KeyQuota, Retention: cfg.Retention(), Refresh: cfg.QuotaRefresh})
+		background.Go(func() {
+			quota.Run(bg, func(err error) { log.Error("key quota flush failed", "error", err) })
+		})
+	}
+	sweeper, err := NewSweeper(cfg, maint, tel.MeterProvider)
+	if err != nil {
+		return err
+	}
+	if cfg.SweepInterval > 0 {
+		// A sweep that found nothing to delete is the common case: not news.
+		sweeper.OnSweep = func(deleted int64) {
+			if deleted > 0 {
+				log.Info("swept expired idempotency keys", "deleted", deleted)
+			}
+		}
+		background.Go(func() {
+			sweeper.Run(bg, cfg.SweepInterval, func(err error) { log.Error("sweep failed", "error", err) })
+		})
+	}
+
+	proc, err := NewProcessor(ctx, cfg, log, tel.TracerProvider)
+	if err != nil {
+		return err
+	}
+	if proc, err = processor.Measured(proc, tel.MeterProvider); err != nil {
+		return err
+	}
+	jobs, err := newOutbox(cfg, pool, proc, log, tel)
+	if err != nil {
+		return err
+	}
+	if cfg.OutboxWorkers > 0 {
+		giveUp := outbox.StartWhenReachable(bg, jobs, func(err error) { log.Warn("outbox workers not started yet", "error", err) })
+		// After the server has drained: jobs its last requests inserted
+		// are worked now or by the next process.
+		defer func() {
+			giveUp()
+			sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+			defer cancel()
+			if err := jobs.Stop(sctx); err != nil {
+				log.Error("outbox workers stop", "error", err)
+			}
+		}()
+	}
+	if err := outbox.RegisterMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
+		return err
+	}
+
+	executor, err := idempotency.NewExecutor(pool, idempotency.Config{
+		Retention:              cfg.Retention(),
+		LockTimeout:            cfg.LockTimeout,
+		MaxStoredResponseBytes: cfg.MaxStoredResponseBytes,
+		Quota:                  quota,
+		TracerProvider:         tel.TracerProvider,
+		MeterProvider:          tel.MeterProvider,
+	})
+	if err != nil {
+		return err
+	}
+	if err := registerLivemode(tel.MeterProvider, cfg.Livemode()); err != nil {
+		return err
+	}
+	var extra func(chi.Router)
+	if opts.Routes != nil {
+		extra = func(r chi.Router) {
+			opts.Routes(r, Deps{Pool: pool, Outbox: jobs, Logger: log, Livemode: cfg.Livemode()})
+		}
+	}
+	var handler http.Handler = httpapi.New(httpapi.Deps{
+		Livemode:       cfg.Livemode(),
+		Logger:         log,
+		Pool:           pool,
+		Idempotency:    executor,
+		Outbox:         jobs,
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		RequestTimeout: cfg.RequestTimeout,
+		TracerProvider: tel.TracerProvider,
+		MeterProvider:  tel.MeterProvider,
+		Propagator:     tel.Propagator,
+		Authenticated:  extra,
+	})
+	if opts.Middleware != nil {
+		handler = opts.Middleware(handler)
+	}
+	// The deadlines are ordered so that each failure is answered on the wire:
+	// the request's bytes must arrive within BodyTimeout (else 408), its work
+	// ends within RequestTimeout (else 503), and the answer is written within
+	// RequestTimeout + 5 s. A read deadline past the write deadline would turn
+	// a slow body into a closed connection instead of a 408.
+	srv := &http.Server{
+		Addr:              cfg.Addr,
+		Handler:           handler,
+		ReadHeaderTimeout: min(5*time.Second, cfg.BodyTimeout),
+		ReadTimeout:       cfg.BodyTimeout,
+		WriteTimeout:      cfg.RequestTimeout + 5*time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Info("listening", "addr", cfg.Addr)
+	if cfg.MetricsAddr != "off" {
+		metricsSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(tel, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		go func() { errc <- metricsSrv.ListenAndServe() }()
+		defer metricsSrv.Close()
+		log.Info("serving metrics", "addr", cfg.MetricsAddr, "path", "/metrics")
+	}
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("listen: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+// NewProcessor returns the processor client: for PROCESSOR_URL, or for a
+// simulator started in this process on a loopback port, which lives as long
+// as ctx.
+func NewProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider) (processor.Processor, error) {
+	url := cfg.ProcessorURL
+	if url == "" {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("listen for the processor simulator: %w", err)
+		}
+		// No fault switches here: they belong to `api processor-sim`.
+		srv := &http.Server{Handler: processor.NewSimulator(processor.SimConfig{Seed: uint64(time.Now().UnixNano())}), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(l) }()
+		context.AfterFunc(ctx, func() { srv.Close() })
+		url = "http://" + l.Addr().String()
+		log.Info("processor simulator running in process (test mode)", "url", url)
+	}
+	// Each call is a client span, a child of the job attempt that made it.
+	transport := otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))
+	return processor.NewClient(url, &http.Client{Timeout: cfg.ProcessorTimeout, Transport: transport}), nil
+}
+
+// newOutbox returns the River client that inserts and works the processor
+// jobs of payments and refunds.
+func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor, log *slog.Logger, tel *telemetry.Telemetry) (*outbox.Client, error) {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
+	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
+	river.AddWorker(workers, &reconcile.Worker{Reconciler: NewReconciler(cfg, pool, proc)})
+	return outbox.NewClient(pool, workers, outbox.Config{
+		Periodic:       []*river.PeriodicJob{reconcile.Periodic(cfg.ReconcileInterval)},
+		Workers:        cfg.OutboxWorkers,
+		JobTimeout:     cfg.OutboxJobTimeout,
+		RescueAfter:    cfg.OutboxRescueAfter,
+		MaxAttempts:    cfg.OutboxMaxAttempts,
+		RetryBase:      cfg.OutboxRetryBase,
+		RetryMax:       cfg.OutboxRetryMax,
+		Logger:         log,
+		TracerProvider: tel.TracerProvider,
+		MeterProvider:  tel.MeterProvider,
+	})
+}
+
+// registerLivemode reports processor_livemode: 1 when payments move real
+// money, 0 in test mode, so a dashboard or an alert sees a production
+// deployment that is charging the simulator.
+func registerLivemode(mp metric.MeterProvider, live bool) error {
+	v := int64(0)
+	if live {
+		v = 1
+	}
+	_, err := mp.Meter("github.com/payments-reference/idempotent-payments/cmd/api").Int64ObservableGauge("processor_livemode",
+		metric.WithDescription("1 when payments are charged through a real processor (PROCESSOR_URL), 0 in test mode (the in-process simulator: no money moves)."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error { o.Observe(v); return nil }))
+	if err != nil {
+		return fmt.Errorf("livemode gauge: %w", err)
+	}
+	return nil
+}
+
+// NewReconciler returns the reconciler as configured.
+func NewReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor) *reconcile.Reconciler {
+	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000}
+}
+
+// NewSweeper returns the expiry sweeper as configured, on the maintenance pool.
+func NewSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider) (*idempotency.Sweeper, error) {
+	return idempotency.NewSweeper(maint, idempotency.SweeperConfig{
+		Chunk: cfg.SweepChunk, Pause: cfg.SweepPause, Retention: cfg.Retention(), MeterProvider: mp,
+	})
+}
+
+// metricsMux serves /metrics, and /debug/pprof/ when enabled; it listens
+// apart from the API so neither is ever exposed with it.
+func metricsMux(tel *telemetry.Telemetry, withPprof bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", tel.MetricsHandler)
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
