@@ -4,7 +4,9 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -o /out/api ./cmd/api
+# GOWORK=off: the image builds the service module alone, not the harness
+# modules that go.work adds for development.
+RUN CGO_ENABLED=0 GOWORK=off go build -trimpath -o /out/api ./cmd/api
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/api /api

@@ -69,7 +69,7 @@ func TestProductionBinaryDependencies(t *testing.T) {
 	deps := string(out)
 	require.Contains(t, deps, module+"/internal/httpapi\n")
 	for _, bad := range []string{
-		module + "/internal/testdb", module + "/internal/faultproxy", module + "/internal/lab", module + "/loadtest", module + "/faults",
+		module + "/internal/testdb", module + "/internal/faultproxy", module + "/lab", module + "/loadtest", module + "/faults",
 		"github.com/stretchr/testify", "github.com/testcontainers/", "gonum.org/", "github.com/redis/go-redis",
 	} {
 		require.NotContains(t, deps, bad)

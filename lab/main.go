@@ -2,8 +2,8 @@
 // that docs/idempotency.md warns about, beside this service's design, on
 // real PostgreSQL and Redis, and prints what each did.
 //
-//	go run ./cmd/lab                      # about 15 s on the local PostgreSQL and Redis
-//	go run ./cmd/lab -rows 5000000        # the expiry scenarios at a few million rows
+//	go run ./lab                          # about 10 s on a quiet machine, the local PostgreSQL and Redis
+//	go run ./lab -rows 5000000            # the expiry scenarios at a few million rows
 //
 // It creates a database of its own (payments_lab_<unix time>) on the server
 // -database-url names, applies the migrations, and drops it afterwards
@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/lab"
+	"github.com/payments-reference/idempotent-payments/lab/scenario"
 )
 
 func main() {
@@ -41,7 +41,7 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	held, err := run(ctx, *serverURL, *keep, *wide, lab.Env{RedisAddr: *redisAddr, Rows: *rows, Concurrency: *concurrency}, os.Stdout, os.Stderr)
+	held, err := run(ctx, *serverURL, *keep, *wide, scenario.Env{RedisAddr: *redisAddr, Rows: *rows, Concurrency: *concurrency}, os.Stdout, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 		os.Exit(2)
@@ -53,7 +53,7 @@ func main() {
 
 // run creates and migrates the lab's database, runs every scenario, prints
 // what each did, and reports whether every lesson came out as taught.
-func run(ctx context.Context, serverURL string, keep, wide bool, env lab.Env, stdout, progress io.Writer) (bool, error) {
+func run(ctx context.Context, serverURL string, keep, wide bool, env scenario.Env, stdout, progress io.Writer) (bool, error) {
 	u, err := url.Parse(serverURL)
 	if err != nil {
 		return false, fmt.Errorf("-database-url: %w", err)
@@ -71,7 +71,7 @@ func run(ctx context.Context, serverURL string, keep, wide bool, env lab.Env, st
 	if err := database.Migrate(ctx, env.AdminURL); err != nil {
 		return false, err
 	}
-	l, err := lab.Open(ctx, env)
+	l, err := scenario.Open(ctx, env)
 	if err != nil {
 		return false, err
 	}
@@ -79,8 +79,8 @@ func run(ctx context.Context, serverURL string, keep, wide bool, env lab.Env, st
 
 	var results []result
 	all := true
-	for i, s := range lab.Scenarios {
-		fmt.Fprintf(progress, "%d/%d %s\n", i+1, len(lab.Scenarios), s.Name)
+	for i, s := range scenario.Scenarios {
+		fmt.Fprintf(progress, "%d/%d %s\n", i+1, len(scenario.Scenarios), s.Name)
 		out, err := s.Run(ctx, l)
 		if err != nil {
 			return false, fmt.Errorf("%s: %w", s.Name, err)
@@ -98,7 +98,7 @@ func run(ctx context.Context, serverURL string, keep, wide bool, env lab.Env, st
 
 type result struct {
 	name string
-	out  lab.Outcome
+	out  scenario.Outcome
 }
 
 func (r result) lesson() string {

@@ -1,4 +1,4 @@
-package lab_test
+package scenario_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/payments-reference/idempotent-payments/internal/lab"
+	"github.com/payments-reference/idempotent-payments/lab/scenario"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
 )
 
@@ -18,16 +18,16 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // database (they fill and empty idempotency_keys), so they run in order.
 func TestScenarios(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t, lab.AppConns+lab.MaintConns+lab.AdminConns+2)
+	db := testdb.New(t, scenario.AppConns+scenario.MaintConns+scenario.AdminConns+2)
 	redisAddr := os.Getenv("LAB_REDIS_ADDR")
 	if redisAddr == "" {
 		redisAddr = "127.0.0.1:6379"
 	}
 	ctx := context.Background()
-	l, err := lab.Open(ctx, lab.Env{AdminURL: db.AdminURL, RedisAddr: redisAddr, Rows: 100_000, Concurrency: 16})
+	l, err := scenario.Open(ctx, scenario.Env{AdminURL: db.AdminURL, RedisAddr: redisAddr, Rows: 100_000, Concurrency: 16})
 	require.NoError(t, err)
 	t.Cleanup(l.Close)
-	for _, s := range lab.Scenarios {
+	for _, s := range scenario.Scenarios {
 		t.Run(s.Name, func(t *testing.T) {
 			out, err := s.Run(ctx, l)
 			require.NoError(t, err)

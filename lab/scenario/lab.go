@@ -1,9 +1,9 @@
-// Package lab runs the failure lab: each naive way of storing idempotency
+// Package scenario runs the failure lab: each naive way of storing idempotency
 // keys that the lesson warns about, next to this service's design, against
 // real PostgreSQL and Redis, counting what each did. Every scenario returns
 // whether the naive build broke and whether ours held; the tests assert both,
 // so every claim the lab makes is tested (docs/lab.md).
-package lab
+package scenario
 
 import (
 	"context"
