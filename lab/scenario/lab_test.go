@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/payments-reference/idempotent-payments/lab/scenario"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/lab/scenario"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
