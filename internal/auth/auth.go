@@ -119,7 +119,7 @@ func Authenticate(ctx context.Context, db database.DBTX, secret string) (Princip
 		return Principal{}, ErrUnauthenticated
 	}
 	if err != nil {
-		return Principal{}, fmt.Errorf("authenticate: %w", database.Classify(err))
+		return Principal{}, fmt.Errorf("authenticate: %w", err)
 	}
 	return p, nil
 }
@@ -192,7 +192,7 @@ func ListKeys(ctx context.Context, db database.DBTX, name string) ([]KeyInfo, er
 		WHERE $1 = '' OR p.name = $1
 		ORDER BY k.created_at, k.id`, name)
 	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", database.Classify(err))
+		return nil, fmt.Errorf("list keys: %w", err)
 	}
 	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (KeyInfo, error) {
 		var k KeyInfo
@@ -200,7 +200,7 @@ func ListKeys(ctx context.Context, db database.DBTX, name string) ([]KeyInfo, er
 		return k, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", database.Classify(err))
+		return nil, fmt.Errorf("list keys: %w", err)
 	}
 	return keys, nil
 }

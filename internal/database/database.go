@@ -127,14 +127,15 @@ func (p *Pool) Ping(ctx context.Context) error {
 }
 
 // WithConn runs fn on a pooled connection outside any transaction, for a
-// single statement that needs no tenant (authentication).
+// single statement that needs no tenant (authentication), and translates its
+// error as InTenantTx does.
 func (p *Pool) WithConn(ctx context.Context, fn func(DBTX) error) error {
 	conn, err := p.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	return fn(conn)
+	return Classify(fn(conn))
 }
 
 // Acquire takes a connection, waiting at most the pool's AcquireTimeout.
@@ -197,7 +198,9 @@ func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOpt
 	}()
 
 	if err := fn(tx); err != nil {
-		return err
+		// The one place a statement's error is translated (Classify): the
+		// store code inside fn only says which statement failed.
+		return Classify(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if opts.ReadOnly {
@@ -227,7 +230,9 @@ func classifyCommit(err error) error {
 
 // Classify wraps err with ErrUnavailable when it means the database cannot be
 // reached or is refusing work for now, so callers can answer 503 instead of
-// 500. Other errors are returned unchanged.
+// 500. Other errors are returned unchanged. InTenantTx and WithConn apply it
+// to whatever their function returns, so store code does not; code that uses
+// a connection of its own (the sweeper, migrations) calls it itself.
 func Classify(err error) error {
 	if err == nil || errors.Is(err, ErrUnavailable) {
 		return err

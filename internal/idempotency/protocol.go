@@ -69,7 +69,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 				return ErrRequestInProgress
 			}
 			if err != nil {
-				return fmt.Errorf("claim key: %w", database.Classify(err))
+				return fmt.Errorf("claim key: %w", err)
 			}
 			if claimed {
 				return e.execute(ctx, tx, req, op, &res) // 2.
@@ -80,7 +80,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			// writes nothing, not even a lock (docs/performance.md).
 			rec, found, err := lookup(ctx, tx, req.Scope)
 			if err != nil {
-				return fmt.Errorf("look up key: %w", database.Classify(err))
+				return fmt.Errorf("look up key: %w", err)
 			}
 			if !found && !allowNew {
 				outcome = OutcomeQuotaExceeded
@@ -97,7 +97,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 					return ErrRequestInProgress
 				}
 				if err != nil {
-					return fmt.Errorf("take over expired key: %w", database.Classify(err))
+					return fmt.Errorf("take over expired key: %w", err)
 				}
 				if !taken {
 					continue
@@ -154,7 +154,7 @@ func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, op Opera
 		ref = out.ResourceRef
 	}
 	if err := complete(ctx, tx, req.Scope, state, out.Response, ref); err != nil {
-		return fmt.Errorf("store response: %w", database.Classify(err))
+		return fmt.Errorf("store response: %w", err)
 	}
 	res.Response, res.OriginalRequestID = out.Response, req.RequestID
 	return nil

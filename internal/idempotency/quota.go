@@ -121,7 +121,7 @@ func (q *Quota) load(ctx context.Context, principal uuid.UUID, now time.Time) (i
 			principal, since).Scan(&n)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("load key quota usage: %w", database.Classify(err))
+		return 0, fmt.Errorf("load key quota usage: %w", err)
 	}
 	return n, nil
 }
@@ -164,7 +164,7 @@ func (q *Quota) Flush(ctx context.Context) error {
 			q.pending[k] += n
 		}
 		q.mu.Unlock()
-		return fmt.Errorf("flush key quota usage: %w", database.Classify(err))
+		return fmt.Errorf("flush key quota usage: %w", err)
 	}
 	return nil
 }

@@ -193,7 +193,7 @@ func Perform[A river.JobArgs, R any](ctx context.Context, pool *database.Pool, p
 			return err
 		}
 		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
-			return fmt.Errorf("complete %s job %d: %w", job.Kind, job.ID, database.Classify(err))
+			return fmt.Errorf("complete %s job %d: %w", job.Kind, job.ID, err)
 		}
 		return nil
 	})

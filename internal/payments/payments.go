@@ -143,10 +143,10 @@ func Create(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal uuid
 		RETURNING created_at`,
 		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode).Scan(&p.CreatedAt)
 	if err != nil {
-		return Payment{}, fmt.Errorf("insert payment: %w", database.Classify(err))
+		return Payment{}, fmt.Errorf("insert payment: %w", err)
 	}
 	if _, err := jobs.InsertTx(ctx, tx, ChargeArgs{PaymentID: p.ID, Principal: principal}, nil); err != nil {
-		return Payment{}, fmt.Errorf("enqueue charge: %w", database.Classify(err))
+		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
 	}
 	return p, nil
 }
@@ -174,7 +174,7 @@ func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Paym
 		return Payment{}, ErrNotFound
 	}
 	if err != nil {
-		return Payment{}, fmt.Errorf("get payment: %w", database.Classify(err))
+		return Payment{}, fmt.Errorf("get payment: %w", err)
 	}
 	return p, nil
 }
@@ -191,7 +191,7 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 		FROM payments WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid AND ($1::uuid IS NULL OR id > $1)
 		ORDER BY id LIMIT $2`, after, limit+1)
 	if err != nil {
-		return nil, false, fmt.Errorf("list payments: %w", database.Classify(err))
+		return nil, false, fmt.Errorf("list payments: %w", err)
 	}
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) {
 		var p Payment
@@ -199,7 +199,7 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 		return p, err
 	})
 	if err != nil {
-		return nil, false, fmt.Errorf("list payments: %w", database.Classify(err))
+		return nil, false, fmt.Errorf("list payments: %w", err)
 	}
 	if len(list) > limit {
 		return list[:limit], true, nil
@@ -217,7 +217,7 @@ func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, status string, reason 
 		WHERE id = $1 AND status IN ('processing', 'requires_reconciliation') AND status <> $2`,
 		id, status, reason, processorID)
 	if err != nil {
-		return false, fmt.Errorf("settle payment %s: %w", id, database.Classify(err))
+		return false, fmt.Errorf("settle payment %s: %w", id, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -228,7 +228,7 @@ func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, status string, reason 
 func AddRefunded(ctx context.Context, tx pgx.Tx, id uuid.UUID, amount int64) error {
 	tag, err := tx.Exec(ctx, `UPDATE payments SET amount_refunded = amount_refunded + $2 WHERE id = $1`, id, amount)
 	if err != nil {
-		return fmt.Errorf("add refunded amount: %w", database.Classify(err))
+		return fmt.Errorf("add refunded amount: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
 		return ErrNotFound

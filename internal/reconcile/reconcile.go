@@ -77,7 +77,7 @@ func (r *Reconciler) Run(ctx context.Context) (Result, error) {
 		return err
 	})
 	if err != nil {
-		return Result{}, fmt.Errorf("find rows to reconcile: %w", database.Classify(err))
+		return Result{}, fmt.Errorf("find rows to reconcile: %w", err)
 	}
 	var res Result
 	for _, c := range list {

@@ -143,13 +143,13 @@ func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal, pa
 		RETURNING created_at`,
 		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode).Scan(&r.CreatedAt)
 	if err != nil {
-		return Refund{}, fmt.Errorf("insert refund: %w", database.Classify(err))
+		return Refund{}, fmt.Errorf("insert refund: %w", err)
 	}
 	if err := payments.AddRefunded(ctx, tx, p.ID, r.Amount); err != nil {
 		return Refund{}, err
 	}
 	if _, err := jobs.InsertTx(ctx, tx, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}, nil); err != nil {
-		return Refund{}, fmt.Errorf("enqueue refund: %w", database.Classify(err))
+		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
 	}
 	return r, nil
 }
@@ -165,7 +165,7 @@ func Settle(ctx context.Context, tx pgx.Tx, r Refund, status string, reason *str
 		WHERE id = $1 AND status IN ('pending', 'requires_reconciliation') AND status <> $2`,
 		r.ID, status, reason, processorID)
 	if err != nil {
-		return false, fmt.Errorf("settle refund %s: %w", r.ID, database.Classify(err))
+		return false, fmt.Errorf("settle refund %s: %w", r.ID, err)
 	}
 	if tag.RowsAffected() == 1 && status == StatusFailed {
 		if err := payments.AddRefunded(ctx, tx, r.PaymentID, -r.Amount); err != nil {
@@ -190,7 +190,7 @@ func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Refund, error) {
 		return Refund{}, ErrNotFound
 	}
 	if err != nil {
-		return Refund{}, fmt.Errorf("get refund: %w", database.Classify(err))
+		return Refund{}, fmt.Errorf("get refund: %w", err)
 	}
 	return r, nil
 }
@@ -201,11 +201,11 @@ func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID, after *uui
 	rows, err := db.Query(ctx, `SELECT `+columns+` FROM refunds WHERE payment_id = $1 AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3`,
 		paymentID, after, limit+1)
 	if err != nil {
-		return nil, false, fmt.Errorf("list refunds: %w", database.Classify(err))
+		return nil, false, fmt.Errorf("list refunds: %w", err)
 	}
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Refund, error) { return scan(row) })
 	if err != nil {
-		return nil, false, fmt.Errorf("list refunds: %w", database.Classify(err))
+		return nil, false, fmt.Errorf("list refunds: %w", err)
 	}
 	if len(list) > limit {
 		return list[:limit], true, nil
