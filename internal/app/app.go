@@ -1,8 +1,8 @@
 // Package app wires the service from its configuration: what `api serve`
 // runs (Serve), and the pieces the operator subcommands share. cmd/api calls
-// it; so does the load test's own server (loadtest/server), which adds its
-// baseline and peer routes through Options, so that neither those routes nor
-// their dependencies are in the production binary.
+// it; so does the load test's own server (loadtest/server), which serves its
+// baseline and peer designs beside the service through Options, so that
+// neither they nor their dependencies are in the production binary.
 package app
 
 import (
@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/exaring/otelpgx"
-	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -38,23 +37,15 @@ import (
 
 // Options extend Serve for a harness. The service itself passes none.
 type Options struct {
-	// Routes mounts routes behind the API's middleware and authentication:
-	// the load test's baseline and peer designs, measured through the same
-	// stack as POST /v1/payments.
-	Routes func(r chi.Router, d Deps)
+	// Handler, when set, wraps the API's handler and may serve variants of
+	// it, built with httpapi.New from the service's own deps: the load test
+	// serves its baseline (the same handlers with the key store taken out)
+	// and its peer (the store in Redis) this way, each through exactly the
+	// same middleware as the service.
+	Handler func(service http.Handler, deps httpapi.Deps) http.Handler
 	// WrapTracer wraps the service pool's statement tracer (the load test
 	// times the claim statement of each request with it).
 	WrapTracer func(pgx.QueryTracer) pgx.QueryTracer
-	// Middleware wraps the whole API handler.
-	Middleware func(http.Handler) http.Handler
-}
-
-// Deps is what Options.Routes may use.
-type Deps struct {
-	Pool     *database.Pool
-	Outbox   outbox.Inserter
-	Logger   *slog.Logger
-	Livemode bool
 }
 
 // MigrateUp creates the database if it is missing and applies the migrations,
@@ -198,13 +189,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if err := registerLivemode(tel.MeterProvider, cfg.Livemode()); err != nil {
 		return err
 	}
-	var extra func(chi.Router)
-	if opts.Routes != nil {
-		extra = func(r chi.Router) {
-			opts.Routes(r, Deps{Pool: pool, Outbox: jobs, Logger: log, Livemode: cfg.Livemode()})
-		}
-	}
-	var handler http.Handler = httpapi.New(httpapi.Deps{
+	deps := httpapi.Deps{
 		Livemode:       cfg.Livemode(),
 		Logger:         log,
 		Pool:           pool,
@@ -215,10 +200,10 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		TracerProvider: tel.TracerProvider,
 		MeterProvider:  tel.MeterProvider,
 		Propagator:     tel.Propagator,
-		Authenticated:  extra,
-	})
-	if opts.Middleware != nil {
-		handler = opts.Middleware(handler)
+	}
+	handler := httpapi.New(deps)
+	if opts.Handler != nil {
+		handler = opts.Handler(handler, deps)
 	}
 	// The deadlines are ordered so that each failure is answered on the wire:
 	// the request's bytes must arrive within BodyTimeout (else 408), its work

@@ -26,8 +26,11 @@ import (
 type Deps struct {
 	Logger *slog.Logger
 	// Pool connects as the service role.
-	Pool        *database.Pool
-	Idempotency *idempotency.Executor
+	Pool *database.Pool
+	// Idempotency runs each protected write under its key: the service's
+	// *idempotency.Executor. An interface so that the load test can measure
+	// the same handlers with the store taken out, or replaced by its peer.
+	Idempotency Executor
 	// Outbox takes the jobs a request inserts in its transaction: the
 	// processor calls of payments and refunds.
 	Outbox outbox.Inserter
@@ -43,16 +46,17 @@ type Deps struct {
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 	Propagator     propagation.TextMapPropagator
-	// Authenticated, when set, mounts routes behind the same middleware and
-	// authentication as /v1: a harness's routes (the load test's baseline and
-	// peer designs, in its own server). The service sets none.
-	Authenticated func(chi.Router)
+}
+
+// Executor runs an idempotency.Operation under its request's key, or replays.
+type Executor interface {
+	Do(ctx context.Context, req idempotency.Request, op idempotency.Operation) (idempotency.Result, error)
 }
 
 type api struct {
 	log          *slog.Logger
 	pool         *database.Pool
-	idem         *idempotency.Executor
+	idem         Executor
 	outbox       outbox.Inserter
 	maxBodyBytes int64
 	livemode     bool
@@ -83,12 +87,6 @@ func New(d Deps) http.Handler {
 		r.Mount("/payments", a.paymentRoutes())
 		r.Mount("/refunds", a.refundRoutes())
 	})
-	if d.Authenticated != nil {
-		r.Group(func(r chi.Router) {
-			r.Use(authenticate(a.pool, a.log))
-			d.Authenticated(r)
-		})
-	}
 	routes = flatten(r)
 	return r
 }

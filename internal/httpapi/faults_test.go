@@ -48,42 +48,39 @@ func (b *testBundle) postCutInTrigger(t *testing.T, secret, key, trigger string)
 	return r
 }
 
-// A connection lost before COMMIT was sent cannot have committed anything:
-// 503 with Retry-After (not 500), and the retry with the same key executes.
-func TestConnectionLostBeforeCommitIs503(t *testing.T) {
+// A connection lost mid-request. Before COMMIT was sent nothing can have
+// committed: 503 service-unavailable, "no effect". After COMMIT was sent the
+// service cannot know: 503 outcome-unknown, never "no effect" (here the
+// deferred trigger runs inside COMMIT and the backend dies in it, so nothing
+// committed). Either way the retry with the same key executes once.
+func TestConnectionLostMidRequest(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	k := b.newKey(t, "acme", allScopes...)
-	r := b.postCutInTrigger(t, k.Secret, "k", `CREATE TRIGGER stall BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION stall();`)
-	requireProblem(t, r, http.StatusServiceUnavailable, "service-unavailable")
-	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	for _, tc := range []struct {
+		name, trigger, slug string
+	}{
+		{"before COMMIT: no effect", `CREATE TRIGGER stall BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION stall();`, "service-unavailable"},
+		{"during COMMIT: outcome unknown", `CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON payments
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall();`, "outcome-unknown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			k := b.newKey(t, "acme", allScopes...)
+			r := b.postCutInTrigger(t, k.Secret, "k", tc.trigger)
+			requireProblem(t, r, http.StatusServiceUnavailable, tc.slug)
+			require.Equal(t, "1", r.Header.Get("Retry-After"))
+			require.Contains(t, decode(t, r.Body)["detail"], "same Idempotency-Key")
+			if tc.slug == "outcome-unknown" {
+				require.NotContains(t, decode(t, r.Body)["detail"], "no effect")
+			}
 
-	again := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
-	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
-	require.Empty(t, again.Header.Get("Idempotent-Replayed"))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
-}
-
-// A connection lost after COMMIT was sent leaves the outcome unknown to the
-// service: it must say so (outcome-unknown), never "no effect". Here the
-// commit did not happen (the deferred trigger runs inside COMMIT and the
-// backend died in it), and the retry with the same key learns that by
-// executing once.
-func TestConnectionLostDuringCommitIsOutcomeUnknown(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	k := b.newKey(t, "acme", allScopes...)
-	r := b.postCutInTrigger(t, k.Secret, "k", `CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON payments
-		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall();`)
-	requireProblem(t, r, http.StatusServiceUnavailable, "outcome-unknown")
-	require.Equal(t, "1", r.Header.Get("Retry-After"))
-	require.Contains(t, decode(t, r.Body)["detail"], "same Idempotency-Key")
-	require.NotContains(t, decode(t, r.Body)["detail"], "no effect")
-
-	again := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
-	require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys`))
+			again := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
+			require.Equal(t, http.StatusCreated, again.Status, "body: %s", again.Body)
+			require.Empty(t, again.Header.Get("Idempotent-Replayed"), "nothing had committed: the retry executes")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments`))
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys`))
+		})
+	}
 }
 
 // A client that sends its body too slowly for the server's ReadTimeout made

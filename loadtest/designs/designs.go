@@ -1,31 +1,31 @@
 // Package designs holds what the load test measures beside the service, in
-// its own server (loadtest/server), never in the production binary: the same
-// payment write without idempotency (the baseline) and with its key claimed
-// in Redis instead of PostgreSQL (the peer), and the timing of each request's
-// claim statement, sent back as Server-Timing.
+// its own server (loadtest/server), never in the production binary. Both
+// designs are the service's own handlers (httpapi.New, the same middleware,
+// parsing, validation and payment write) with one part swapped: the baseline
+// has no key store at all, and the peer keeps its keys in Redis (SET NX PX)
+// outside the payment's transaction. So a ratio against either measures the
+// store and nothing else. It also times each request's claim statement and
+// sends it back as Server-Timing.
 package designs
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/payments-reference/idempotent-payments/internal/app"
-	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
-	"github.com/payments-reference/idempotent-payments/internal/payments"
 )
 
-// Paths of the two designs.
+// Paths of the two designs. Each is POST /v1/payments with its store swapped.
 const (
 	BaselinePath = "/benchmark/payments-without-idempotency"
 	PeerPath     = "/benchmark/payments-redis-claim"
@@ -35,137 +35,92 @@ const (
 // remove them after its run.
 const PeerKeyPrefix = "payments-peer-claim:"
 
-// Routes mounts the baseline, and the peer when rdb is not nil. Serve mounts
-// them behind the API's own middleware and authentication, so each is
-// measured through the same stack as POST /v1/payments.
-func Routes(rdb *redis.Client) func(chi.Router, app.Deps) {
-	return func(r chi.Router, d app.Deps) {
-		r.Post(BaselinePath, func(w http.ResponseWriter, r *http.Request) { baseline(w, r, d) })
+// Handler is app.Options.Handler: it serves the baseline at BaselinePath, the
+// peer at PeerPath when rdb is not nil, and the service everywhere else, all
+// with the claim's Server-Timing.
+func Handler(rdb *redis.Client) func(http.Handler, httpapi.Deps) http.Handler {
+	return func(service http.Handler, d httpapi.Deps) http.Handler {
+		routes := map[string]http.Handler{}
+		baseline := d
+		baseline.Idempotency = noStore{d.Pool}
+		routes[BaselinePath] = httpapi.New(baseline)
 		if rdb != nil {
-			r.Post(PeerPath, func(w http.ResponseWriter, r *http.Request) { peer(w, r, d, rdb) })
+			peer := d
+			peer.Idempotency = redisStore{pool: d.Pool, rdb: rdb}
+			routes[PeerPath] = httpapi.New(peer)
 		}
+		return claimTiming(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			h, ok := routes[r.URL.Path]
+			if !ok {
+				service.ServeHTTP(w, r)
+				return
+			}
+			r2 := r.Clone(r.Context())
+			r2.URL.Path = "/v1/payments"
+			h.ServeHTTP(w, r2)
+		}))
 	}
 }
 
-// baseline is POST /v1/payments minus the key: no claim, no stored response.
-func baseline(w http.ResponseWriter, r *http.Request, d app.Deps) {
-	p, in, ok := parse(w, r)
-	if !ok {
-		return
-	}
-	body, err := create(r.Context(), d, p, in)
-	if err != nil {
-		fail(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	reply(w, body)
-}
+// noStore runs the operation in a tenant transaction and answers: no claim,
+// no stored response, no replay. The baseline.
+type noStore struct{ pool *database.Pool }
 
-// peer claims the key in Redis (SET NX PX) outside the payment's
-// transaction: the design the failure lab's rows 3 and 5 break, measured here
-// for what the difference costs.
-func peer(w http.ResponseWriter, r *http.Request, d app.Deps, rdb *redis.Client) {
-	p, in, ok := parse(w, r)
-	if !ok {
-		return
-	}
-	key, err := idempotency.ParseKey(r.Header.Get("Idempotency-Key"))
-	if err != nil {
-		fail(w, http.StatusBadRequest, err)
-		return
-	}
-	ctx := r.Context()
-	claim := PeerKeyPrefix + p.ID.String() + ":" + key
-	const inProgress = "in_progress"
-	taken, err := rdb.SetNX(ctx, claim, inProgress, 25*time.Hour).Result()
-	if err != nil {
-		fail(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	if !taken {
-		stored, err := rdb.Get(ctx, claim).Bytes()
-		switch {
-		case err != nil:
-			fail(w, http.StatusServiceUnavailable, err)
-		case string(stored) == inProgress:
-			// Unlike a row lock, a Redis claim cannot be waited on.
-			fail(w, http.StatusConflict, idempotency.ErrRequestInProgress)
-		default:
-			w.Header().Set("Idempotent-Replayed", "true")
-			reply(w, stored)
-		}
-		return
-	}
-	body, err := create(ctx, d, p, in)
-	if err != nil {
-		_ = rdb.Del(ctx, claim).Err() // a crash here instead leaves the claim: lab row 3
-		fail(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	if err := rdb.Set(ctx, claim, body, 25*time.Hour).Err(); err != nil {
-		d.Logger.ErrorContext(ctx, "redis peer: store response", "error", err)
-	}
-	reply(w, body)
-}
-
-func parse(w http.ResponseWriter, r *http.Request) (auth.Principal, payments.NewPayment, bool) {
-	var in payments.NewPayment
-	p, _ := auth.FromContext(r.Context())
-	if !p.Can(auth.ScopePaymentsWrite) {
-		fail(w, http.StatusForbidden, auth.ErrForbidden)
-		return p, in, false
-	}
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&in); err != nil {
-		fail(w, http.StatusBadRequest, err)
-		return p, in, false
-	}
-	if err := in.Validate(); err != nil {
-		fail(w, http.StatusBadRequest, err)
-		return p, in, false
-	}
-	return p, in, true
-}
-
-// create writes the payment and its charge job, as POST /v1/payments does.
-func create(ctx context.Context, d app.Deps, p auth.Principal, in payments.NewPayment) ([]byte, error) {
-	var body []byte
-	err := database.InTenantTx(ctx, d.Pool, p.ID, database.TxOptions{}, func(tx pgx.Tx) error {
-		pay, err := payments.Create(ctx, tx, d.Outbox, p.ID, in, d.Livemode)
-		if err != nil {
-			return err
-		}
-		body, err = json.Marshal(pay)
+func (s noStore) Do(ctx context.Context, req idempotency.Request, op idempotency.Operation) (idempotency.Result, error) {
+	var res idempotency.Result
+	err := database.InTenantTx(ctx, s.pool, req.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
+		out, err := op.Execute(ctx, tx)
+		res.Response, res.OriginalRequestID = out.Response, req.RequestID
 		return err
 	})
-	return body, err
+	return res, err
 }
 
-func reply(w http.ResponseWriter, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	_, _ = w.Write(body)
+// redisStore claims the key in Redis before the payment's transaction and
+// stores the response there after it commits: the design the failure lab's
+// rows 3 and 5 break, measured here for what the difference costs.
+type redisStore struct {
+	pool *database.Pool
+	rdb  *redis.Client
 }
 
-// fail answers a problem document with only what the load test counts.
-func fail(w http.ResponseWriter, status int, err error) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "title": http.StatusText(status), "detail": err.Error()})
+func (s redisStore) Do(ctx context.Context, req idempotency.Request, op idempotency.Operation) (idempotency.Result, error) {
+	claim := PeerKeyPrefix + req.Principal.String() + ":" + req.Key
+	const inProgress = "in_progress"
+	taken, err := s.rdb.SetNX(ctx, claim, inProgress, 25*time.Hour).Result()
+	if err != nil {
+		return idempotency.Result{}, errors.Join(database.ErrUnavailable, err)
+	}
+	if !taken {
+		stored, err := s.rdb.Get(ctx, claim).Bytes()
+		switch {
+		case err != nil:
+			return idempotency.Result{}, errors.Join(database.ErrUnavailable, err)
+		case string(stored) == inProgress:
+			// Unlike a row lock, a Redis claim cannot be waited on.
+			return idempotency.Result{}, idempotency.ErrRequestInProgress
+		}
+		return idempotency.Result{Replayed: true, Response: idempotency.Response{Status: http.StatusCreated, ContentType: "application/json", Body: stored}}, nil
+	}
+	res, err := noStore{s.pool}.Do(ctx, req, op)
+	if err != nil {
+		_ = s.rdb.Del(ctx, claim).Err() // a crash here instead leaves the claim: lab row 3
+		return res, err
+	}
+	// A failure here loses the stored response, and a retry then pays twice:
+	// the peer's weakness, not hidden.
+	_ = s.rdb.Set(ctx, claim, res.Body, 25*time.Hour).Err()
+	return res, nil
 }
-
-// ClaimTiming sends back, as "Server-Timing: claim;dur=<ms>", how long each
-// request's claim statement took, waits for a concurrent duplicate included:
-// the load test's per-request claim latency. Wrap is Options.WrapTracer,
-// Middleware is Options.Middleware.
-type ClaimTiming struct{}
 
 type timingKey struct{}
 
 type claimStart struct{}
 
-// Wrap times the claim statement (INSERT ... ON CONFLICT (principal_id,
-// endpoint, key) DO NOTHING) of each request.
-func (ClaimTiming) Wrap(next pgx.QueryTracer) pgx.QueryTracer { return claimTracer{next} }
+// WrapTracer is app.Options.WrapTracer: it times the claim statement
+// (INSERT ... ON CONFLICT (principal_id, endpoint, key) DO NOTHING) of each
+// request, waits for a concurrent duplicate included.
+func WrapTracer(next pgx.QueryTracer) pgx.QueryTracer { return claimTracer{next} }
 
 type claimTracer struct{ pgx.QueryTracer }
 
@@ -186,9 +141,9 @@ func (c claimTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx
 	c.QueryTracer.TraceQueryEnd(ctx, conn, data)
 }
 
-// Middleware gives each request a slot for its claim time and sends it in
-// Server-Timing when the response's header is written.
-func (ClaimTiming) Middleware(next http.Handler) http.Handler {
+// claimTiming gives each request a slot for its claim time and sends it as
+// "Server-Timing: claim;dur=<ms>" when the response's header is written.
+func claimTiming(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		slot := new(atomic.Int64)
 		next.ServeHTTP(&timingWriter{ResponseWriter: w, slot: slot}, r.WithContext(context.WithValue(r.Context(), timingKey{}, slot)))

@@ -41,10 +41,8 @@ func run(ctx context.Context) error {
 		rdb = redis.NewClient(&redis.Options{Addr: addr})
 		defer rdb.Close()
 	}
-	timing := designs.ClaimTiming{}
 	return app.Serve(ctx, cfg, log, os.Getenv, app.Options{
-		Routes:     designs.Routes(rdb),
-		WrapTracer: timing.Wrap,
-		Middleware: timing.Middleware,
+		Handler:    designs.Handler(rdb),
+		WrapTracer: designs.WrapTracer,
 	})
 }
