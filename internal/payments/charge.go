@@ -53,10 +53,11 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 	})
 }
 
-// Decision maps a processor call's error (a charge, or the reconciler's
-// lookup) to the payment status and failure reason to record, or "" when
-// the call must be repeated (processor.Judge). An unknown outcome on the last
-// attempt is requires_reconciliation, never failed.
+// Decision maps a processor call's error (a charge or a refund, or the
+// reconciler's lookup) to the status and failure reason to record, or ""
+// when the call must be repeated (processor.Judge). An unknown outcome on the
+// last attempt is requires_reconciliation, never failed. Refunds use it too:
+// their decided statuses are the same words.
 func Decision(err error, last bool) (status string, reason *string) {
 	verdict, why := processor.Judge(err, last)
 	switch verdict {

@@ -122,7 +122,7 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 			return err
 		}
 		var reason *string
-		status, reason = refunds.Decision(lookupErr, true)
+		status, reason = payments.Decision(lookupErr, true) // the same words for refunds
 		_, err = refunds.Settle(ctx, tx, rf, status, reason, res.ID)
 		return err
 	})

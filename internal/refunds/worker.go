@@ -10,6 +10,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 )
 
@@ -42,7 +43,9 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 		},
 		Call: func(ctx context.Context, r Refund, last bool) (func(context.Context, pgx.Tx) error, error) {
 			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ID.String(), ChargeKey: r.PaymentID.String(), Amount: r.Amount, Currency: r.Currency})
-			status, reason := Decision(err, last)
+			// The decided statuses are the same words for refunds and
+			// payments (succeeded, failed, requires_reconciliation).
+			status, reason := payments.Decision(err, last)
 			if status == "" {
 				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
 			}
@@ -52,20 +55,4 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 			}, nil
 		},
 	})
-}
-
-// Decision maps a processor call's error (a refund, or the reconciler's
-// lookup) to the refund status and failure reason to record, or "" when the
-// call must be repeated (processor.Judge).
-func Decision(err error, last bool) (status string, reason *string) {
-	verdict, why := processor.Judge(err, last)
-	switch verdict {
-	case processor.Moved:
-		return StatusSucceeded, nil
-	case processor.NotMoved:
-		return StatusFailed, &why
-	case processor.Unknown:
-		return StatusRequiresReconciliation, nil
-	}
-	return "", nil
 }
