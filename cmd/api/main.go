@@ -109,7 +109,7 @@ func runLogging(ctx context.Context, args []string, getenv func(string) string, 
 		if len(args) != 0 {
 			return errors.New(usage)
 		}
-		return reconcileOnce(ctx, cfg, log, getenv, stdout)
+		return reconcileOnce(ctx, cfg, log, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, cfg)
 	case "processor-sim":
@@ -182,7 +182,7 @@ func serveSimulator(ctx context.Context, cfg config.Config, log *slog.Logger) er
 
 // reconcileOnce settles what waits for reconciliation, for operators: after
 // a processor outage, or to see at once what the periodic job would do.
-func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func(string) string, stdout io.Writer) error {
+func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, stdout io.Writer) error {
 	if cfg.ProcessorURL == "" {
 		// A simulator started here would have an empty ledger and answer
 		// "no record" for everything: that would record payments as failed

@@ -70,8 +70,6 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	}
 	if cfg.MigrateOnStart {
 		log.Info("MIGRATE_ON_START is on (the development default): serve applies migrations with MIGRATE_DATABASE_URL, the owner's credentials; in production run `api migrate up` as its own step (APP_ENV=production turns this off)")
-	}
-	if cfg.MigrateOnStart {
 		if err := MigrateUp(ctx, cfg); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	idempotentpayments "github.com/payments-reference/idempotent-payments"
+	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
 // Config is every setting, with Defaults in one place.
@@ -246,8 +247,8 @@ func Load(getenv func(string) string) (Config, error) {
 	// maintenance role's URLs are DATABASE_URL with their own user, so
 	// pointing DATABASE_URL elsewhere moves all three together.
 	if getenv("DATABASE_URL") != "" {
-		c.MigrateDatabaseURL = withUser(c.DatabaseURL, "postgres")
-		c.MaintenanceDatabaseURL = withUser(c.DatabaseURL, "payments_maintenance")
+		c.MigrateDatabaseURL = database.WithUser(c.DatabaseURL, "postgres")
+		c.MaintenanceDatabaseURL = database.WithUser(c.DatabaseURL, "payments_maintenance")
 	}
 	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
 	str("MAINTENANCE_DATABASE_URL", &c.MaintenanceDatabaseURL)
@@ -418,17 +419,6 @@ func (c Config) LogAttrs() []any {
 		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),
 		slog.String("reconcile_interval", c.ReconcileInterval.String()),
 	}
-}
-
-// withUser returns the postgres URL raw with its user (and password)
-// replaced, or raw itself when it does not parse (Load then says so).
-func withUser(raw, user string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return raw
-	}
-	u.User = url.User(user)
-	return u.String()
 }
 
 // databaseName is the database a postgres URL names.
