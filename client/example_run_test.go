@@ -24,8 +24,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // database, its in-process processor simulator), prints what it says.
 func TestExampleAgainstTheService(t *testing.T) {
 	t.Parallel()
-	// The service pool (2), its maintenance pool (2), River's producer and
-	// maintenance (2), and the owner connection of `keys create`.
+	// The service pool (2), its maintenance pool (2), the outbox's pool
+	// (River's producer and maintenance, 2), and the owner connection of
+	// `keys create`.
 	db := testdb.New(t, 8)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "api")
@@ -37,7 +38,7 @@ func TestExampleAgainstTheService(t *testing.T) {
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
-	env := append(os.Environ(), "ADDR="+addr, "METRICS_ADDR=off", "DB_MAX_CONNS=2", "OUTBOX_WORKERS=2", "LOG_LEVEL=warn",
+	env := append(os.Environ(), "ADDR="+addr, "METRICS_ADDR=off", "DB_MAX_CONNS=2", "OUTBOX_WORKERS=2", "OUTBOX_DB_MAX_CONNS=2", "LOG_LEVEL=warn",
 		"DATABASE_URL="+db.AppURL, "MIGRATE_DATABASE_URL="+db.OwnerURL, "MAINTENANCE_DATABASE_URL="+db.MaintenanceURL)
 
 	keys := exec.Command(bin, "keys", "create", "--principal", "example", "--scopes", "payments:read,payments:write,refunds:write")

@@ -19,9 +19,10 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // `go run ./faults`, which prints the figures.
 func TestFaults(t *testing.T) {
 	t.Parallel()
-	// The API's pool (6) and maintenance pool (2), the suite's own (2), two
-	// sessions held by half-open holders until they time out, and spare.
-	db := testdb.New(t, 14)
+	// The API's pool (6), its outbox's (2) and maintenance pool (2), the
+	// suite's own (2), two sessions held by half-open holders until they
+	// time out, and spare.
+	db := testdb.New(t, 16)
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

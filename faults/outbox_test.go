@@ -36,8 +36,9 @@ type rig struct {
 // env overrides the API's settings.
 func newRig(t *testing.T, sim processor.SimConfig, env ...string) *rig {
 	t.Helper()
-	// The API's pool (6) and maintenance pool (2), the test's own (2), spare.
-	db := testdb.New(t, 12)
+	// The API's pool (6), its outbox's (2) and maintenance pool (2), the
+	// test's own (2), spare.
+	db := testdb.New(t, 14)
 	ctx := context.Background()
 	ac, err := pgxpool.ParseConfig(db.AdminURL)
 	require.NoError(t, err)
@@ -75,6 +76,7 @@ func newRig(t *testing.T, sim processor.SimConfig, env ...string) *rig {
 		"MAINTENANCE_DATABASE_URL=" + database.WithUser(db.AdminURL, "payments_maintenance"),
 		"MIGRATE_ON_START=false",
 		"DB_MAX_CONNS=6",
+		"OUTBOX_DB_MAX_CONNS=2",
 		"LOG_LEVEL=warn",
 	}, env...))
 	require.NoError(t, err)

@@ -138,6 +138,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		"MAINTENANCE_DATABASE_URL=" + database.WithUser(cfg.adminURL, "payments_maintenance"),
 		"MIGRATE_ON_START=false",
 		"DB_MAX_CONNS=6",
+		"OUTBOX_DB_MAX_CONNS=2",
 		"DB_ACQUIRE_TIMEOUT=1s",
 		"LOCK_TIMEOUT=300ms",
 		"REQUEST_TIMEOUT=1s",

@@ -27,12 +27,12 @@ func TestREADMEWalkThroughRuns(t *testing.T) {
 	require.NoError(t, err)
 	block := walkThrough(t, string(raw))
 
-	// The service pool (4), the maintenance pool (2), and the owner
-	// connection of each `keys` command.
-	db := testdb.New(t, 8)
+	// The service pool (4), the outbox's (2), the maintenance pool (2), and
+	// the owner connection of each `keys` command.
+	db := testdb.New(t, 10)
 	addr := freeAddr(t)
 	vars := map[string]string{
-		"ADDR": addr, "METRICS_ADDR": "off", "DB_MAX_CONNS": "4",
+		"ADDR": addr, "METRICS_ADDR": "off", "DB_MAX_CONNS": "4", "OUTBOX_DB_MAX_CONNS": "2",
 		"DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL, "MAINTENANCE_DATABASE_URL": db.MaintenanceURL,
 	}
 	ctx, cancel := context.WithCancel(context.Background())

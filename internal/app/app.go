@@ -152,7 +152,14 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if proc, err = processor.Measured(proc, tel.MeterProvider); err != nil {
 		return err
 	}
-	jobs, err := newOutbox(cfg, pool, proc, log, tel)
+	// The outbox's own pool: a backlog of charges queues here for a
+	// connection, never in front of a request.
+	outboxPool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.OutboxDBMaxConns, AcquireTimeout: cfg.OutboxJobTimeout, Tracer: sqlTracer, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
+	if err != nil {
+		return err
+	}
+	defer outboxPool.Close()
+	jobs, err := newOutbox(cfg, outboxPool, proc, log, tel)
 	if err != nil {
 		return err
 	}
@@ -259,8 +266,14 @@ func NewProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 		url = "http://" + l.Addr().String()
 		log.Info("processor simulator running in process (test mode)", "url", url)
 	}
+	// Every worker may be in a call at once: keep that many connections to
+	// the processor open between calls. (http.DefaultTransport keeps 2 per
+	// host, so 200 workers would open and close a connection per call.)
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	base.MaxIdleConns = max(100, cfg.OutboxWorkers)
+	base.MaxIdleConnsPerHost = max(2, cfg.OutboxWorkers)
 	// Each call is a client span, a child of the job attempt that made it.
-	transport := otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))
+	transport := otelhttp.NewTransport(base, otelhttp.WithTracerProvider(tp))
 	return processor.NewClient(url, &http.Client{Timeout: cfg.ProcessorTimeout, Transport: transport}), nil
 }
 

@@ -68,8 +68,17 @@ type Config struct {
 	// misbehaves, and a production binary has no fault switches.
 	Sim SimSettings
 	// OutboxWorkers is how many outbox jobs (processor calls) run at once
-	// (OUTBOX_WORKERS); 0 leaves the jobs to another process.
+	// (OUTBOX_WORKERS); 0 leaves the jobs to another process. A worker
+	// mostly waits for the processor, holding no connection meanwhile, so
+	// size it for the processor: at least the payment rate times the
+	// processor's p99 latency (docs/external-effects.md, "Sizing the
+	// outbox").
 	OutboxWorkers int
+	// OutboxDBMaxConns is the outbox's own pool (OUTBOX_DB_MAX_CONNS), apart
+	// from the requests' so that a backlog never takes a request's
+	// connection. A worker holds one only for its two short transactions,
+	// never during the processor call, so it is sized by transaction time.
+	OutboxDBMaxConns int32
 	// OutboxJobTimeout bounds one attempt of a job; OutboxRescueAfter (longer)
 	// is when the job of a worker that died runs again (OUTBOX_JOB_TIMEOUT,
 	// OUTBOX_RESCUE_AFTER).
@@ -147,7 +156,8 @@ func Defaults() Config {
 		LockTimeout:            5 * time.Second,
 		DBIdleInTxTimeout:      10 * time.Second,
 		ProcessorTimeout:       10 * time.Second,
-		OutboxWorkers:          8,
+		OutboxWorkers:          200,
+		OutboxDBMaxConns:       8,
 		OutboxJobTimeout:       30 * time.Second,
 		OutboxRescueAfter:      2 * time.Minute,
 		OutboxMaxAttempts:      15,
@@ -264,7 +274,8 @@ func Load(getenv func(string) string) (Config, error) {
 	rate("PROCESSOR_SIM_DROP_RATE", &c.Sim.DropRate)
 	rate("PROCESSOR_SIM_TIMEOUT_RATE", &c.Sim.TimeoutRate)
 	dur("PROCESSOR_SIM_HOLD", &c.Sim.Hold, 0)
-	integer("OUTBOX_WORKERS", 0, 1000, func(n int64) { c.OutboxWorkers = int(n) })
+	integer("OUTBOX_WORKERS", 0, 10000, func(n int64) { c.OutboxWorkers = int(n) })
+	integer("OUTBOX_DB_MAX_CONNS", 1, 1000, func(n int64) { c.OutboxDBMaxConns = int32(n) })
 	dur("OUTBOX_JOB_TIMEOUT", &c.OutboxJobTimeout, time.Second)
 	dur("OUTBOX_RESCUE_AFTER", &c.OutboxRescueAfter, time.Second)
 	integer("OUTBOX_MAX_ATTEMPTS", 1, 100, func(n int64) { c.OutboxMaxAttempts = int(n) })
@@ -415,6 +426,7 @@ func (c Config) LogAttrs() []any {
 		slog.String("body_timeout", c.BodyTimeout.String()),
 		slog.String("processor_url", redact(c.ProcessorURL)),
 		slog.Int("outbox_workers", c.OutboxWorkers),
+		slog.Int("outbox_db_max_conns", int(c.OutboxDBMaxConns)),
 		slog.String("outbox_retry_schedule", c.RetrySchedule().Round(time.Second).String()),
 		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),
 		slog.String("reconcile_interval", c.ReconcileInterval.String()),
