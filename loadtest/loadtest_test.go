@@ -23,14 +23,14 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // so it cannot rot unnoticed. It proves the pipeline works (build, start,
 // bulk load, drive, baseline, pgbench, report), not any number.
 func TestSmoke(t *testing.T) {
-	const concurrency, apiConns = 4, 6
-	// The load test's own pool, the API's pool and its maintenance pool of
-	// 2, and pgbench's clients, one per -concurrency.
-	db := testdb.New(t, adminConns+apiConns+2+concurrency)
+	const concurrency, apiConns, outboxConns = 4, 6, 2
+	// The load test's own pool, the API's pool, its outbox's and its
+	// maintenance pool of 2, and pgbench's clients, one per -concurrency.
+	db := testdb.New(t, adminConns+apiConns+outboxConns+2+concurrency)
 	out := t.TempDir()
 	cfg, err := parseFlags([]string{
 		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-concurrency", strconv.Itoa(concurrency), "-principals", "3",
-		"-db-max-conns", strconv.Itoa(apiConns), "-database-url", db.AdminURL, "-out", out, "-take-over",
+		"-db-max-conns", strconv.Itoa(apiConns), "-outbox-db-max-conns", strconv.Itoa(outboxConns), "-processor-latency", "20ms,60ms", "-database-url", db.AdminURL, "-out", out, "-take-over",
 	})
 	require.NoError(t, err)
 	// The API's own log explains a failed stage; the output directory is
@@ -60,6 +60,16 @@ func TestSmoke(t *testing.T) {
 		require.Positive(t, s.RequestP99)
 		require.Positive(t, s.ClaimP99, "Server-Timing was read")
 		require.Positive(t, s.OutboxCompletedPerSec, "the outbox workers charged payments")
+		require.Positive(t, s.ChargesAccepted)
+		require.Positive(t, s.ChargedToAccepted)
+		require.GreaterOrEqual(t, s.ChargeLagP50, 0.020, "a charge waits at least the processor's latency")
+		require.GreaterOrEqual(t, s.ChargeLagP99, s.ChargeLagP50)
+		require.NotEmpty(t, s.Timeline)
+		var accepted int64
+		for _, sec := range s.Timeline {
+			accepted += sec.Accepted
+		}
+		require.Equal(t, s.ChargesAccepted, accepted, "the timeline counts every payment of the run")
 		require.Empty(t, s.Errors)
 		require.Positive(t, s.Updates, "the completions were counted")
 		require.Positive(t, s.ReplayOnlyRPS, "the replays-alone run ran")
@@ -89,11 +99,12 @@ func TestSmoke(t *testing.T) {
 	}
 	stage := fields["stages"].([]any)[0].(map[string]any)
 	for _, k := range []string{"table_rows", "table_bytes", "index_bytes", "rps", "request_p50_ms", "request_p99_ms",
-		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_lag_seconds", "outbox_drain_seconds",
+		"claim_p50_ms", "claim_p99_ms", "replay_p99_ms", "errors", "outbox_completed_per_sec", "outbox_backlog", "outbox_drain_seconds",
+		"charges_accepted", "charged_to_accepted", "charge_lag_p50_s", "charge_lag_p99_s", "peak_backlog", "timeline", "charges_left",
 		"updates", "hot_updates", "hot_ratio", "wal_bytes_per_request", "replay_wal_bytes_per_request", "replay_only_rps", "replay_only_p99_ms", "replay_to_new_rps", "replay_to_new_p99"} {
 		require.Contains(t, stage, k)
 	}
-	for _, f := range []string{"report.md", "latency.png"} {
+	for _, f := range []string{"report.md", "latency.png", "outbox.png"} {
 		info, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)
 		require.Positive(t, info.Size())
@@ -204,4 +215,18 @@ func TestANoisyRunReportsNoFindings(t *testing.T) {
 	require.NotContains(t, report(res), "Not findings")
 	res.LoadBefore, res.Noisy = 9.3, true
 	require.Contains(t, report(res), "**Not findings: the machine was busy with other work when the run began (load average 9.3 on 2 cores)")
+}
+
+func TestParseLatency(t *testing.T) {
+	t.Parallel()
+	m, p, err := parseLatency("300ms,800ms")
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{300 * time.Millisecond, 800 * time.Millisecond}, []time.Duration{m, p})
+	m, p, err = parseLatency("300ms")
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{300 * time.Millisecond, 0}, []time.Duration{m, p})
+	for _, bad := range []string{"", "fast", "300ms,100ms", "-1s", "300ms,"} {
+		_, _, err := parseLatency(bad)
+		require.Error(t, err, bad)
+	}
 }

@@ -8,8 +8,8 @@
 //
 // It builds and starts the API (cmd/api) on a loopback port, or targets one
 // given with -api-url, bulk-loads the key table with COPY before each stage,
-// and writes results.json, report.md and latency.png to -out.
-// -replot DIR rewrites DIR's report.md and latency.png from its results.json. It only ever
+// and writes results.json, report.md, latency.png and outbox.png to -out.
+// -replot DIR rewrites DIR's report and plots from its results.json. It only ever
 // sends traffic to loopback addresses, and every loop is bounded in time.
 package main
 
@@ -47,7 +47,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "\nwrote %s/results.json, report.md, latency.png (overhead ratio %.2f)\n", cfg.out, res.OverheadRatio)
+	fmt.Fprintf(os.Stderr, "\nwrote %s/results.json, report.md, latency.png, outbox.png (overhead ratio %.2f)\n", cfg.out, res.OverheadRatio)
 }
 
 // config is every knob of a run.
@@ -74,6 +74,11 @@ type config struct {
 	dbMaxConns      int    // the started API's DB_MAX_CONNS
 	replot          string // redraw this directory's report from its results.json
 	profile         bool   // capture the started API's CPU profile in the first stage
+	// The started API's processor: median and p99 latency (p99 0: fixed).
+	processorLatency, processorLatencyP99 time.Duration
+	drain                                 time.Duration // longest wait for the outbox to empty after a run
+	outboxWorkers                         int           // the started API's OUTBOX_WORKERS
+	outboxConns                           int           // the started API's OUTBOX_DB_MAX_CONNS
 }
 
 // adminConns is the load test's own pool: one connection loads, one reads
@@ -91,7 +96,7 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&c.replayFraction, "replay-fraction", 0.05, "share of requests that retry an earlier key of the run")
 	fs.IntVar(&c.principals, "principals", 64, "principals (tenants) the load and the bulk rows are spread over")
 	fs.StringVar(&c.out, "out", "loadtest-results", "output directory")
-	fs.StringVar(&c.replot, "replot", "", "rewrite `DIR`'s report.md and latency.png from its results.json, and run nothing")
+	fs.StringVar(&c.replot, "replot", "", "rewrite `DIR`'s report.md and plots from its results.json, and run nothing")
 	fs.StringVar(&c.databaseURL, "database-url", "postgres://postgres@127.0.0.1:5432/payments_loadtest?sslmode=disable",
 		"superuser URL of the database to use (created and migrated if missing)")
 	fs.StringVar(&c.appDatabaseURL, "app-database-url", "", "service-role URL for the API it starts (default: -database-url as payments_app)")
@@ -106,8 +111,16 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.dbMaxConns, "db-max-conns", 0, "DB_MAX_CONNS of the API it starts (default: the larger of 32 and twice -concurrency)")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "off", "metrics and pprof listener of the API it starts, e.g. 127.0.0.1:6060 (with -profile, a free loopback port when off)")
 	fs.BoolVar(&c.profile, "profile", true, "capture the API's CPU profile during the first stage (cpu.pprof; where the CPU goes in report.md)")
+	latency := fs.String("processor-latency", "300ms", "the started API's processor latency: `MEDIAN[,P99]` (log-normal with that tail), e.g. 300ms or 300ms,800ms; 0 answers at once")
+	fs.IntVar(&c.outboxWorkers, "outbox-workers", 200, "OUTBOX_WORKERS of the API it starts (the service's default)")
+	fs.IntVar(&c.outboxConns, "outbox-db-max-conns", 8, "OUTBOX_DB_MAX_CONNS of the API it starts (the service's default)")
+	fs.DurationVar(&c.drain, "drain", time.Minute, "longest wait for the outbox to finish a run's charges; what is left is reported")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
+	}
+	var err error
+	if c.processorLatency, c.processorLatencyP99, err = parseLatency(*latency); err != nil {
+		return config{}, fmt.Errorf("-processor-latency: %w", err)
 	}
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
@@ -160,4 +173,18 @@ func (p plainLines) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// parseLatency reads MEDIAN[,P99].
+func parseLatency(v string) (median, p99 time.Duration, err error) {
+	first, second, tail := strings.Cut(v, ",")
+	if median, err = time.ParseDuration(strings.TrimSpace(first)); err != nil || median < 0 {
+		return 0, 0, fmt.Errorf("%q: want MEDIAN[,P99], e.g. 300ms,800ms", v)
+	}
+	if tail {
+		if p99, err = time.ParseDuration(strings.TrimSpace(second)); err != nil || p99 < median {
+			return 0, 0, fmt.Errorf("%q: the p99 must be a duration no shorter than the median", v)
+		}
+	}
+	return median, p99, nil
 }

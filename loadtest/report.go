@@ -41,7 +41,10 @@ func replot(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(report(&res)), 0o644); err != nil {
 		return err
 	}
-	return plotLatency(filepath.Join(dir, "latency.png"), &res)
+	if err := plotLatency(filepath.Join(dir, "latency.png"), &res); err != nil {
+		return err
+	}
+	return plotOutbox(filepath.Join(dir, "outbox.png"), &res)
 }
 
 func writeOutputs(dir string, res *Results) error {
@@ -55,7 +58,88 @@ func writeOutputs(dir string, res *Results) error {
 	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(report(res)), 0o644); err != nil {
 		return err
 	}
-	return plotLatency(filepath.Join(dir, "latency.png"), res)
+	if err := plotLatency(filepath.Join(dir, "latency.png"), res); err != nil {
+		return err
+	}
+	return plotOutbox(filepath.Join(dir, "outbox.png"), res)
+}
+
+// orDefault is v, or def when v is empty (a results.json from before the
+// setting existed).
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// latencyWords says how the processor answered.
+func latencyWords(settings map[string]string) string {
+	median, p99 := settings["processor_latency"], settings["processor_latency_p99"]
+	switch {
+	case median == "" || median == "0s":
+		return "no latency"
+	case p99 == "" || p99 == "0s":
+		return median + " latency"
+	default:
+		return fmt.Sprintf("latency log-normal, median %s, p99 %s", median, p99)
+	}
+}
+
+// plotOutbox draws, per stage, payments accepted and charged per second
+// through the measured run and the drain after it (left), and the backlog
+// (right).
+func plotOutbox(path string, res *Results) error {
+	var rows [][]*plot.Plot
+	for _, s := range res.Stages {
+		if len(s.Timeline) == 0 {
+			continue
+		}
+		var accepted, charged, backlog plotter.XYs
+		for _, sec := range s.Timeline {
+			x := float64(sec.T)
+			accepted = append(accepted, plotter.XY{X: x, Y: float64(sec.Accepted)})
+			charged = append(charged, plotter.XY{X: x, Y: float64(sec.Charged)})
+			backlog = append(backlog, plotter.XY{X: x, Y: float64(sec.Backlog)})
+		}
+		rate := plot.New()
+		rate.Title.Text = fmt.Sprintf("%s rows: payments per second", humanCount(s.TableRows))
+		rate.X.Label.Text = "seconds since the run began (the drain follows it)"
+		if err := plotutil.AddLines(rate, "accepted", accepted, "charged", charged); err != nil {
+			return err
+		}
+		rate.Legend.Top = true
+		rate.Y.Min = 0
+		queue := plot.New()
+		queue.Title.Text = "backlog (jobs accepted, not charged)"
+		queue.X.Label.Text = rate.X.Label.Text
+		if err := plotutil.AddLines(queue, "backlog", backlog); err != nil {
+			return err
+		}
+		queue.Y.Min = 0
+		rows = append(rows, []*plot.Plot{rate, queue})
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	w, h := 9*vg.Inch, vg.Length(len(rows))*3*vg.Inch
+	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(144))
+	tiles := draw.Tiles{Rows: len(rows), Cols: 2, PadX: vg.Millimeter * 8, PadY: vg.Millimeter * 6, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+	canvases := plot.Align(rows, tiles, draw.New(img))
+	for i := range rows {
+		for j := range rows[i] {
+			rows[i][j].Draw(canvases[i][j])
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func report(res *Results) string {
@@ -113,12 +197,15 @@ func report(res *Results) string {
 		fmt.Fprintf(&b, "\nNote: %s\n", n)
 	}
 	fmt.Fprintf(&b, "\nThe API logged %d ERROR lines during the run (api.log).\n", res.APILogErrors)
-	b.WriteString("\n## The outbox\n\nEvery payment inserts a charge job in its transaction; the service's workers call the processor (the in-process simulator, no latency) and record the answer.\n\n")
-	b.WriteString("| table rows | payments/s | charges completed/s | jobs not done at stage end | oldest waiting job | drained after |\n|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("\n## The outbox\n\n")
+	fmt.Fprintf(&b, "Every payment inserts a charge job in its transaction; the service's %s outbox workers call the processor (the in-process simulator, %s) and record the answer. Charge lag: the payment's commit to its outcome's, over the run's charges (river_job: finalized_at - created_at). outbox.png shows payments accepted and charged per second, and the backlog, through each run and the drain after it.\n\n",
+		orDefault(res.Settings["outbox_workers"], "default"), latencyWords(res.Settings))
+	b.WriteString("| table rows | payments/s | charged/s | charged/accepted | charge lag p50 | p99 | peak backlog | left at run end | drained after | not charged after the drain |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range res.Stages {
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %d | %.2f s | %.1f s |\n", humanCount(s.TableRows), s.RPS, s.OutboxCompletedPerSec, s.OutboxBacklog, s.OutboxLagSeconds, s.OutboxDrainSeconds)
+		fmt.Fprintf(&b, "| %s | %.0f | %.0f | **%.2f** | %.2f s | **%.2f s** | %d | %d | %.1f s | %d |\n", humanCount(s.TableRows), s.RPS, s.OutboxCompletedPerSec, s.ChargedToAccepted,
+			s.ChargeLagP50, s.ChargeLagP99, s.PeakBacklog, s.OutboxBacklog, s.OutboxDrainSeconds, s.ChargesLeft)
 	}
-	b.WriteString("\nEach stage's backlog is drained before its replays-alone run (\"drained after\": how long that took, from the stage's end), so every measured run starts with the outbox empty. The job insert's cost to the database is the pgbench pair above; `go test -bench Outbox ./internal/payments` measures it for the payment write alone (docs/external-effects.md).\n")
+	fmt.Fprintf(&b, "\nEach stage's backlog is drained (for at most %s; what is left is counted, and its charges are missing from the lag) before its replays-alone run, so every measured run starts with the outbox empty. The job insert's cost to the database is the pgbench pair above; `go test -bench Outbox ./internal/payments` measures it for the payment write alone (docs/external-effects.md).\n", orDefault(res.Settings["drain"], "5m"))
 	if p := res.CPUProfile; p != nil {
 		fmt.Fprintf(&b, "\n## Where the API's CPU goes\n\nA %.0f s CPU profile of the API during the first stage's measured run (cpu.pprof): %.1f s of CPU, **%.2f ms of CPU per request**.\n\n", p.Seconds, p.CPUSeconds, p.CPUPerRequestMs)
 		b.WriteString("| area | share of CPU |\n|---|---:|\n")
@@ -285,6 +372,7 @@ func (c config) describe() map[string]string {
 		"sizes": strings.Join(sizes, ","), "duration": c.duration.String(), "warmup": c.warmup.String(),
 		"concurrency": strconv.Itoa(c.concurrency), "rate": strconv.FormatFloat(c.rate, 'f', -1, 64),
 		"replay_fraction": strconv.FormatFloat(c.replayFraction, 'f', -1, 64), "principals": strconv.Itoa(c.principals),
+		"processor_latency": c.processorLatency.String(), "processor_latency_p99": c.processorLatencyP99.String(), "drain": c.drain.String(), "outbox_workers": strconv.Itoa(c.outboxWorkers),
 	}
 }
 

@@ -43,14 +43,25 @@ type Stage struct {
 	ReplayP99     float64        `json:"replay_p99_ms"`
 	Replays       int            `json:"replays"`
 	Errors        map[string]int `json:"errors"`
-	// The outbox during the measured run: charge jobs completed per second,
-	// and at its end, the jobs not yet completed and the oldest one's wait.
-	OutboxCompletedPerSec float64 `json:"outbox_completed_per_sec"`
-	OutboxBacklog         int64   `json:"outbox_backlog"`
-	OutboxLagSeconds      float64 `json:"outbox_lag_seconds"`
-	// OutboxDrainSeconds is how long that backlog took to drain, right
-	// after the measured run (before the replays-alone run).
+	// The outbox during the measured run (outbox.go): charges completed per
+	// second, the payments accepted (charge jobs created) and the share of
+	// them charged within the run, the charge lag (payment committed ->
+	// outcome committed) over the jobs finished by the end of the drain,
+	// the largest backlog, and per second through the run and the drain.
+	OutboxCompletedPerSec float64  `json:"outbox_completed_per_sec"`
+	ChargesAccepted       int64    `json:"charges_accepted"`
+	ChargedToAccepted     float64  `json:"charged_to_accepted"`
+	ChargeLagP50          float64  `json:"charge_lag_p50_s"`
+	ChargeLagP99          float64  `json:"charge_lag_p99_s"`
+	PeakBacklog           int64    `json:"peak_backlog"`
+	Timeline              []Second `json:"timeline,omitempty"`
+	// OutboxBacklog is what the run left in the outbox; OutboxDrainSeconds
+	// how long the drain after it took, at most -drain; ChargesLeft the
+	// run's charges not done when the drain ended (then the charge lag
+	// leaves them out and is too low).
+	OutboxBacklog      int64   `json:"outbox_backlog"`
 	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
+	ChargesLeft        int64   `json:"charges_left"`
 	// Updates of idempotency_keys during the measured run (the completions),
 	// and how many of them were HOT: no index touched, the new version on
 	// the same page.
@@ -184,9 +195,16 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	driver := newDriver(apiURL, cfg, clients)
 	// Every measured run starts with the outbox empty, so no design pays for
 	// the charges of the warm-up or of the design measured before it.
+	drainOrNote := func(after string) error {
+		left, err := outboxDrain(ctx, admin, cfg.drain)
+		if err == nil && left > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("the outbox still held %d jobs %s after %s: what was measured next shared the machine with them", left, cfg.drain, after))
+		}
+		return err
+	}
 	warmUp := func(path, label string) error {
 		driver.run(ctx, path, cfg.replayFraction, cfg.warmup, nil, label)
-		return outboxDrain(ctx, admin, 5*time.Minute)
+		return drainOrNote(label)
 	}
 
 	for i, size := range cfg.sizes {
@@ -202,10 +220,6 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		}
 		var startRows int64
 		if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&startRows); err != nil {
-			return nil, err
-		}
-		completedBefore, err := outboxCompleted(ctx, admin)
-		if err != nil {
 			return nil, err
 		}
 		updBefore, hotBefore, err := updateCounters(ctx, admin)
@@ -224,7 +238,15 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err != nil {
 			return nil, err
 		}
+		runFrom, err := dbNow(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
 		m := driver.run(ctx, "/v1/payments", cfg.replayFraction, cfg.duration, progress, label)
+		runTo, err := dbNow(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
 		walAfter, err := walPosition(ctx, admin)
 		if err != nil {
 			return nil, err
@@ -241,7 +263,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if st.Updates > 0 {
 			st.HotRatio = float64(st.HotUpdates) / float64(st.Updates)
 		}
-		if err := outboxStats(ctx, admin, &st, completedBefore, cfg.duration); err != nil {
+		if st.OutboxBacklog, err = outboxBacklog(ctx, admin); err != nil {
 			return nil, err
 		}
 		// The stage's size is the table's size when the measured run began
@@ -266,10 +288,17 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		// once the outbox workers have finished the stage's charges, so the
 		// replays do not share the machine with them.
 		drainStart := time.Now()
-		if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
+		if err := drainOrNote(label); err != nil {
 			return nil, err
 		}
 		st.OutboxDrainSeconds = time.Since(drainStart).Seconds()
+		drained, err := dbNow(ctx, admin)
+		if err != nil {
+			return nil, err
+		}
+		if err := chargeFigures(ctx, admin, &st, runFrom, runTo, drained); err != nil {
+			return nil, err
+		}
 		if walBefore, err = walPosition(ctx, admin); err != nil {
 			return nil, err
 		}
@@ -292,6 +321,8 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		res.Stages = append(res.Stages, st)
 		fmt.Fprintf(progress, "\r%s: %.0f req/s, request p99 %.2f ms, claim p99 %.2f ms, HOT %.0f%%, replays alone %.0f req/s (p99 %.2f ms), errors %v\n",
 			label, st.RPS, st.RequestP99, st.ClaimP99, 100*st.HotRatio, st.ReplayOnlyRPS, st.ReplayOnlyP99, st.Errors)
+		fmt.Fprintf(progress, "%s: outbox charged %.0f/s (charged/accepted %.2f), charge lag p50 %.2f s p99 %.2f s, peak backlog %d, %d left after the drain\n",
+			label, st.OutboxCompletedPerSec, st.ChargedToAccepted, st.ChargeLagP50, st.ChargeLagP99, st.PeakBacklog, st.ChargesLeft)
 
 		if i > 0 {
 			continue
@@ -330,7 +361,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if cfg.pgbench {
 			// pgbench measures the database alone: first let the outbox
 			// workers finish charging what the stages created.
-			if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
+			if err := drainOrNote("the peer"); err != nil {
 				return nil, err
 			}
 			without, with, note, err := runPgbench(ctx, cfg, clients, progress)
@@ -355,7 +386,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		}
 	}
 	// The designs measured after the last stage leave charges behind too.
-	if err := outboxDrain(ctx, admin, 5*time.Minute); err != nil {
+	if err := drainOrNote("the last run"); err != nil {
 		return nil, err
 	}
 	if err := writeOutputs(cfg.out, res); err != nil {
@@ -404,45 +435,6 @@ func freeLoopbackAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
-}
-
-// outboxCompleted counts completed outbox jobs.
-func outboxCompleted(ctx context.Context, admin *pgxpool.Pool) (int64, error) {
-	var n int64
-	err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&n)
-	return n, err
-}
-
-// outboxStats fills a stage's outbox figures at its end.
-func outboxStats(ctx context.Context, admin *pgxpool.Pool, st *Stage, completedBefore int64, d time.Duration) error {
-	completed, err := outboxCompleted(ctx, admin)
-	if err != nil {
-		return err
-	}
-	st.OutboxCompletedPerSec = float64(completed-completedBefore) / d.Seconds()
-	return admin.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE state NOT IN ('completed', 'discarded', 'cancelled')),
-		       coalesce(extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE state = 'available')), 0)::float8
-		FROM river_job WHERE queue = 'default'`).Scan(&st.OutboxBacklog, &st.OutboxLagSeconds)
-}
-
-// outboxDrain waits until every job of the service's queue has finished, or
-// bound passes. (pgbench's jobs sit unworked in a queue of their own.)
-func outboxDrain(ctx context.Context, admin *pgxpool.Pool, bound time.Duration) error {
-	deadline := time.Now().Add(bound)
-	for {
-		var left int64
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE queue = 'default' AND state NOT IN ('completed', 'discarded', 'cancelled')`).Scan(&left); err != nil {
-			return err
-		}
-		if left == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the outbox still holds %d jobs %s after the last stage", left, bound)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // requireLoopback refuses any target that is not on this machine.
@@ -529,6 +521,10 @@ func startAPI(ctx context.Context, cfg config, progress io.Writer) (stop func(),
 		"LOADTEST_REDIS_PEER="+cfg.redisPeer,
 		"LOG_LEVEL=warn",
 		fmt.Sprintf("DB_MAX_CONNS=%d", cfg.dbMaxConns),
+		"LOADTEST_PROCESSOR_LATENCY="+cfg.processorLatency.String(),
+		"LOADTEST_PROCESSOR_LATENCY_P99="+cfg.processorLatencyP99.String(),
+		fmt.Sprintf("OUTBOX_WORKERS=%d", cfg.outboxWorkers),
+		fmt.Sprintf("OUTBOX_DB_MAX_CONNS=%d", cfg.outboxConns),
 	)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {

@@ -46,6 +46,10 @@ type Options struct {
 	// WrapTracer wraps the service pool's statement tracer (the load test
 	// times the claim statement of each request with it).
 	WrapTracer func(pgx.QueryTracer) pgx.QueryTracer
+	// SimLatency, SimLatencyP99 give the in-process simulator (test mode)
+	// a processor's latency: the load test sizes the outbox against it.
+	// The service itself leaves them zero: its simulator answers at once.
+	SimLatency, SimLatencyP99 time.Duration
 }
 
 // MigrateUp creates the database if it is missing and applies the migrations,
@@ -145,7 +149,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		})
 	}
 
-	proc, err := NewProcessor(ctx, cfg, log, tel.TracerProvider)
+	proc, err := newProcessor(ctx, cfg, log, tel.TracerProvider, processor.SimConfig{Latency: opts.SimLatency, LatencyP99: opts.SimLatencyP99})
 	if err != nil {
 		return err
 	}
@@ -199,7 +203,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		Logger:         log,
 		Pool:           pool,
 		Idempotency:    executor,
-		Outbox:         jobs,
+		Outbox:         outbox.Writer{MaxAttempts: cfg.OutboxMaxAttempts},
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
 		TracerProvider: tel.TracerProvider,
@@ -253,6 +257,11 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 // simulator started in this process on a loopback port, which lives as long
 // as ctx.
 func NewProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider) (processor.Processor, error) {
+	return newProcessor(ctx, cfg, log, tp, processor.SimConfig{})
+}
+
+// newProcessor is NewProcessor whose simulator answers after sim's latency.
+func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider, sim processor.SimConfig) (processor.Processor, error) {
 	url := cfg.ProcessorURL
 	if url == "" {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -260,7 +269,8 @@ func NewProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 			return nil, fmt.Errorf("listen for the processor simulator: %w", err)
 		}
 		// No fault switches here: they belong to `api processor-sim`.
-		srv := &http.Server{Handler: processor.NewSimulator(processor.SimConfig{Seed: uint64(time.Now().UnixNano())}), ReadHeaderTimeout: 5 * time.Second}
+		sim.Seed = uint64(time.Now().UnixNano())
+		srv := &http.Server{Handler: processor.NewSimulator(sim), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(l) }()
 		context.AfterFunc(ctx, func() { srv.Close() })
 		url = "http://" + l.Addr().String()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 )
@@ -102,26 +103,63 @@ func isB64Token(s string) bool {
 	return true
 }
 
-// Authenticate finds the live key whose secret is given. It runs on every
-// request, replays included, so a revoked key stops working at once. It goes
-// through the SECURITY DEFINER function authenticate_api_key: the service
-// role cannot read api_keys itself.
-func Authenticate(ctx context.Context, db database.DBTX, secret string) (Principal, error) {
-	if !strings.HasPrefix(secret, secretPrefix) || len(secret) > 128 {
-		return Principal{}, ErrUnauthenticated
-	}
-	hash := sha256.Sum256([]byte(secret))
-	var p Principal
-	err := db.QueryRow(ctx,
-		`SELECT key_id, principal_id, scopes FROM authenticate_api_key($1)`,
-		hash[:]).Scan(&p.KeyID, &p.ID, &p.Scopes)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Principal{}, ErrUnauthenticated
-	}
+// Credentials are a request's bearer secret, as the database checks it: its
+// sha256. The secret itself goes no further than ParseCredentials.
+type Credentials struct{ hash [sha256.Size]byte }
+
+// ParseCredentials reads an Authorization header ("Bearer sk_...").
+// Anything that cannot be a key's secret is ErrUnauthenticated here, so an
+// odd header never reaches the database.
+func ParseCredentials(header string) (Credentials, error) {
+	secret, err := ParseBearer(header)
 	if err != nil {
-		return Principal{}, fmt.Errorf("authenticate: %w", err)
+		return Credentials{}, err
 	}
-	return p, nil
+	if !strings.HasPrefix(secret, secretPrefix) || len(secret) > 128 {
+		return Credentials{}, ErrUnauthenticated
+	}
+	return Credentials{hash: sha256.Sum256([]byte(secret))}, nil
+}
+
+// authenticateSQL authenticates and sets the transaction's tenant in one
+// statement: authenticate_request (migration 000012) finds the live key with
+// this hash, checks scope, and sets app.principal_id to the key's principal.
+// It runs on every request, replays included, so a revoked key stops
+// working at once. The service role cannot read api_keys itself.
+const authenticateSQL = `SELECT key_id, principal_id, scopes FROM authenticate_request($1, $2)`
+
+// Queue adds to b the statement that authenticates c for scope and sets the
+// tenant, and stores the caller in *p when b runs. It must be b's first
+// statement, in a transaction begun without a tenant (database.InTx): if it
+// fails, the batch stops there and nothing after it runs.
+func (c Credentials) Queue(b *pgx.Batch, scope string, p *Principal) {
+	b.Queue(authenticateSQL, c.hash[:], scope).QueryRow(func(row pgx.Row) error {
+		return scanPrincipal(row, scope, p)
+	})
+}
+
+// Authenticate authenticates c for scope as one statement in tx, and sets
+// tx's tenant: for a transaction with nothing to batch with it.
+func (c Credentials) Authenticate(ctx context.Context, tx pgx.Tx, scope string) (Principal, error) {
+	var p Principal
+	err := scanPrincipal(tx.QueryRow(ctx, authenticateSQL, c.hash[:], scope), scope, &p)
+	return p, err
+}
+
+// scanPrincipal reads authenticate_request's answer, turning its refusals
+// into ErrUnauthenticated and MissingScopeError.
+func scanPrincipal(row pgx.Row, scope string, p *Principal) error {
+	err := row.Scan(&p.KeyID, &p.ID, &p.Scopes)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "PA401":
+		return ErrUnauthenticated
+	case errors.As(err, &pgErr) && pgErr.Code == "PA403":
+		return &MissingScopeError{Scope: scope}
+	}
+	return fmt.Errorf("authenticate: %w", err)
 }
 
 // NewKey is a freshly created API key. Secret is never stored or shown again.
@@ -217,16 +255,17 @@ func RevokeKey(ctx context.Context, db database.DBTX, id uuid.UUID) error {
 	return nil
 }
 
-type contextKey struct{}
+type credentialsKey struct{}
 
-// WithPrincipal returns a context carrying p.
-func WithPrincipal(ctx context.Context, p Principal) context.Context {
-	return context.WithValue(ctx, contextKey{}, p)
+// WithCredentials returns a context carrying c, for the transaction that
+// will authenticate them.
+func WithCredentials(ctx context.Context, c Credentials) context.Context {
+	return context.WithValue(ctx, credentialsKey{}, c)
 }
 
-// FromContext returns the authenticated principal, and false when the
-// request was not authenticated.
-func FromContext(ctx context.Context) (Principal, bool) {
-	p, ok := ctx.Value(contextKey{}).(Principal)
-	return p, ok
+// CredentialsFrom returns the request's credentials, and false when it
+// carried none.
+func CredentialsFrom(ctx context.Context) (Credentials, bool) {
+	c, ok := ctx.Value(credentialsKey{}).(Credentials)
+	return c, ok
 }

@@ -164,8 +164,9 @@ type TxOptions struct {
 }
 
 // InTenantTx runs fn in one READ COMMITTED transaction in which row-level
-// security sees only principal's rows. It commits when fn returns nil and
-// rolls back otherwise, also when fn panics or ctx is cancelled.
+// security sees only principal's rows: for work whose tenant is already
+// known, such as an outbox job's. It commits when fn returns nil and rolls
+// back otherwise, also when fn panics or ctx is cancelled.
 //
 // BEGIN, the tenant and the lock timeout travel in one simple-protocol
 // round trip: pgx sends a BeginQuery without arguments as one Query message,
@@ -173,6 +174,17 @@ type TxOptions struct {
 // whose String form is hex and dashes only, so formatting it into SQL cannot
 // inject anything.
 func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOptions, fn func(pgx.Tx) error) error {
+	return inTx(ctx, pool, fmt.Sprintf("; SELECT set_config('app.principal_id', '%s', true)", principal.String()), opts, fn)
+}
+
+// InTx is InTenantTx for a request, whose tenant is not known yet: fn's
+// first statement must set it, by authenticating the caller
+// (auth.Credentials). Until then row-level security shows no rows at all.
+func InTx(ctx context.Context, pool *Pool, opts TxOptions, fn func(pgx.Tx) error) error {
+	return inTx(ctx, pool, "", opts, fn)
+}
+
+func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn func(pgx.Tx) error) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -183,8 +195,8 @@ func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOpt
 	if opts.ReadOnly {
 		mode = "READ ONLY"
 	}
-	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED %s; SELECT set_config('app.principal_id', '%s', true); SET LOCAL lock_timeout = %d",
-		mode, principal.String(), opts.LockTimeout.Milliseconds())
+	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED %s%s; SET LOCAL lock_timeout = %d",
+		mode, tenant, opts.LockTimeout.Milliseconds())
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 	if err != nil {
 		return fmt.Errorf("begin: %w", Classify(err))

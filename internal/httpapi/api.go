@@ -33,7 +33,7 @@ type Deps struct {
 	Idempotency Executor
 	// Outbox takes the jobs a request inserts in its transaction: the
 	// processor calls of payments and refunds.
-	Outbox outbox.Inserter
+	Outbox outbox.Queuer
 	// Livemode marks the payments this service creates: true only when the
 	// processor moves real money, false with the simulator (test mode).
 	Livemode bool
@@ -57,7 +57,7 @@ type api struct {
 	log          *slog.Logger
 	pool         *database.Pool
 	idem         Executor
-	outbox       outbox.Inserter
+	outbox       outbox.Queuer
 	maxBodyBytes int64
 	livemode     bool
 }
@@ -83,7 +83,7 @@ func New(d Deps) http.Handler {
 	r.Get("/readyz", a.readyz)
 	mountDocs(r)
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(authenticate(a.pool, a.log))
+		r.Use(authenticate(a.log))
 		r.Mount("/payments", a.paymentRoutes())
 		r.Mount("/refunds", a.refundRoutes())
 	})

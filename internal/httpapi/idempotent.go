@@ -1,11 +1,14 @@
 package httpapi
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
@@ -24,15 +27,19 @@ func idempotentRequest(r *http.Request, canonicalBody []byte) (idempotency.Reque
 	if err != nil {
 		return idempotency.Request{}, err
 	}
-	p, ok := auth.FromContext(r.Context())
-	if !ok {
-		return idempotency.Request{}, auth.ErrUnauthenticated
+	creds, scope, err := caller(r)
+	if err != nil {
+		return idempotency.Request{}, err
 	}
 	return idempotency.Request{
+		Authenticate: func(b *pgx.Batch) *uuid.UUID {
+			var p auth.Principal
+			creds.Queue(b, scope, &p)
+			return &p.ID
+		},
 		Scope: idempotency.Scope{
-			Principal: p.ID,
-			Endpoint:  r.Method + " " + chi.RouteContext(r.Context()).RoutePattern(),
-			Key:       key,
+			Endpoint: r.Method + " " + chi.RouteContext(r.Context()).RoutePattern(),
+			Key:      key,
 		},
 		Fingerprint: idempotency.Fingerprint(r.Method, canonicalTarget(r), canonicalBody),
 		RequestID:   requestIDFrom(r.Context()),
@@ -74,7 +81,23 @@ type validatable interface{ Validate() error }
 // validation. All of it happens before the claim, so a rejected request
 // consumes no key and stores nothing.
 func (a *api) parseIdempotent(w http.ResponseWriter, r *http.Request, in validatable) (idempotency.Request, error) {
-	canonical, err := decodeJSON(w, r, a.maxBodyBytes, in)
+	req, err := parseIdempotent(w, r, a.maxBodyBytes, in)
+	if err != nil {
+		// A caller who may not make this request at all hears that first
+		// (401, 403), not what is wrong with the request. Only a rejected
+		// request pays this round trip: an accepted one is authenticated
+		// in its transaction's first.
+		authErr := a.read(r, func(context.Context, pgx.Tx) error { return nil })
+		if errors.Is(authErr, auth.ErrUnauthenticated) || errors.Is(authErr, auth.ErrForbidden) {
+			return idempotency.Request{}, authErr
+		}
+		return idempotency.Request{}, err
+	}
+	return req, nil
+}
+
+func parseIdempotent(w http.ResponseWriter, r *http.Request, maxBodyBytes int64, in validatable) (idempotency.Request, error) {
+	canonical, err := decodeJSON(w, r, maxBodyBytes, in)
 	if err != nil {
 		return idempotency.Request{}, err
 	}

@@ -21,7 +21,6 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
-	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
 type requestIDKey struct{}
@@ -200,45 +199,44 @@ func timeout(d time.Duration) func(http.Handler) http.Handler {
 	}
 }
 
-// authenticate resolves the bearer secret to a principal on every request.
-// Replays pass through here too, so a revoked key never sees a stored response.
-func authenticate(pool *database.Pool, log *slog.Logger) func(http.Handler) http.Handler {
+// authenticate reads the bearer secret into the request's credentials, and
+// refuses with 401 a header that cannot hold one. It does not go to the
+// database: the request's transaction checks the credentials in its first
+// statement (auth.Credentials), so that checking them costs no round trip
+// of its own. Replays are checked the same way, so a revoked key never sees
+// a stored response.
+func authenticate(log *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			secret, err := auth.ParseBearer(r.Header.Get("Authorization"))
+			c, err := auth.ParseCredentials(r.Header.Get("Authorization"))
 			if err != nil {
 				writeError(w, r, log, err)
 				return
 			}
-			var p auth.Principal
-			err = pool.WithConn(r.Context(), func(c database.DBTX) (err error) {
-				p, err = auth.Authenticate(r.Context(), c, secret)
-				return err
-			})
-			if err != nil {
-				writeError(w, r, log, err)
-				return
-			}
-			next.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
+			next.ServeHTTP(w, r.WithContext(auth.WithCredentials(r.Context(), c)))
 		})
 	}
 }
 
-// requireScope refuses, with 403, a principal whose key lacks scope. It runs
-// before any idempotency work, so a replay is re-authorized too.
-func requireScope(scope string, log *slog.Logger) func(http.Handler) http.Handler {
+type scopeKey struct{}
+
+// requireScope names the scope the route needs. The transaction that
+// authenticates the caller checks it, before any idempotency work, so a
+// replay is re-authorized too; a key without it gets 403.
+func requireScope(scope string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			p, ok := auth.FromContext(r.Context())
-			if !ok {
-				writeError(w, r, log, auth.ErrUnauthenticated)
-				return
-			}
-			if !p.Can(scope) {
-				writeError(w, r, log, &auth.MissingScopeError{Scope: scope})
-				return
-			}
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), scopeKey{}, scope)))
 		})
 	}
+}
+
+// caller returns the request's credentials and the scope its route needs.
+func caller(r *http.Request) (auth.Credentials, string, error) {
+	c, ok := auth.CredentialsFrom(r.Context())
+	scope, _ := r.Context().Value(scopeKey{}).(string)
+	if !ok || scope == "" {
+		return auth.Credentials{}, "", auth.ErrUnauthenticated
+	}
+	return c, scope, nil
 }

@@ -20,11 +20,11 @@ import (
 // paymentRoutes serves /v1/payments.
 func (a *api) paymentRoutes() chi.Router {
 	r := chi.NewRouter()
-	r.With(requireScope(auth.ScopePaymentsWrite, a.log)).Post("/", a.createPayment)
-	r.With(requireScope(auth.ScopePaymentsRead, a.log)).Get("/", a.listPayments)
-	r.With(requireScope(auth.ScopePaymentsRead, a.log)).Get("/{id}", a.getPayment)
-	r.With(requireScope(auth.ScopeRefundsWrite, a.log)).Post("/{id}/refunds", a.createRefund)
-	r.With(requireScope(auth.ScopeRefundsRead, a.log)).Get("/{id}/refunds", a.listRefunds)
+	r.With(requireScope(auth.ScopePaymentsWrite)).Post("/", a.createPayment)
+	r.With(requireScope(auth.ScopePaymentsRead)).Get("/", a.listPayments)
+	r.With(requireScope(auth.ScopePaymentsRead)).Get("/{id}", a.getPayment)
+	r.With(requireScope(auth.ScopeRefundsWrite)).Post("/{id}/refunds", a.createRefund)
+	r.With(requireScope(auth.ScopeRefundsRead)).Get("/{id}/refunds", a.listRefunds)
 	return r
 }
 
@@ -36,8 +36,8 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
-		Execute: func(ctx context.Context, tx pgx.Tx) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, tx, a.outbox, req.Principal, in, a.livemode)
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			p, err := payments.Create(ctx, w.Batch, a.outbox, w.Principal, in, a.livemode, w.Now)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
@@ -138,13 +138,17 @@ func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID) (T, err
 	}
 }
 
-// read runs fn in a read-only transaction that sees only the caller's rows.
+// read runs fn in a read-only transaction that authenticates the caller
+// first and then sees only the caller's rows.
 func (a *api) read(r *http.Request, fn func(context.Context, pgx.Tx) error) error {
-	p, ok := auth.FromContext(r.Context())
-	if !ok {
-		return auth.ErrUnauthenticated
+	creds, scope, err := caller(r)
+	if err != nil {
+		return err
 	}
-	return database.InTenantTx(r.Context(), a.pool, p.ID, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+	return database.InTx(r.Context(), a.pool, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+		if _, err := creds.Authenticate(r.Context(), tx, scope); err != nil {
+			return err
+		}
 		return fn(r.Context(), tx)
 	})
 }

@@ -19,7 +19,7 @@ import (
 // /v1/payments/{id}/refunds (paymentRoutes).
 func (a *api) refundRoutes() chi.Router {
 	r := chi.NewRouter()
-	r.With(requireScope(auth.ScopeRefundsRead, a.log)).Get("/{id}", a.getRefund)
+	r.With(requireScope(auth.ScopeRefundsRead)).Get("/{id}", a.getRefund)
 	return r
 }
 
@@ -42,10 +42,10 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
-		Execute: func(ctx context.Context, tx pgx.Tx) (idempotency.Outcome, error) {
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
 			// A payment of another principal is invisible here (row-level
 			// security): the error rolls back the claim and the caller gets 404.
-			refund, err := refunds.Request(ctx, tx, a.outbox, req.Principal, paymentID, in)
+			refund, err := refunds.Request(ctx, w.Tx, w.Batch, a.outbox, w.Principal, paymentID, in, w.Now)
 			var exceeds *refunds.ExceedsError
 			switch {
 			case errors.As(err, &exceeds):

@@ -68,6 +68,9 @@ type options struct {
 	// beforeQuery, when set, is called before the service pool sends each
 	// statement, and may block it: a test stages an interleaving with it.
 	beforeQuery func(sql string)
+	// roundTrips, when set, counts what the service pool sends to the
+	// server and waits for: every statement, batch and prepare.
+	roundTrips *roundTripCounter
 }
 
 // testBundle is a running API on its own database.
@@ -126,6 +129,9 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	var tracer pgx.QueryTracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tp))
 	if o.beforeQuery != nil {
 		tracer = gatedTracer{QueryTracer: tracer, before: o.beforeQuery}
+	}
+	if o.roundTrips != nil {
+		tracer = o.roundTrips
 	}
 	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout,
 		Tracer: tracer, IdleInTxTimeout: o.idleInTx})
@@ -201,7 +207,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		Logger:         log,
 		Pool:           pool,
 		Idempotency:    executor,
-		Outbox:         jobs,
+		Outbox:         outbox.Writer{MaxAttempts: o.maxAttempts},
 		TracerProvider: tp,
 		MeterProvider:  mp,
 		Propagator:     propagation.TraceContext{},

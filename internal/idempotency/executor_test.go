@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
@@ -32,14 +33,15 @@ func TestReplayIsReadOnly(t *testing.T) {
 	require.NoError(t, err)
 
 	req := idempotency.Request{
-		Scope:       idempotency.Scope{Principal: uuid.New(), Endpoint: "POST /v1/payments", Key: "k"},
-		Fingerprint: idempotency.Fingerprint(http.MethodPost, "/v1/payments", []byte(`{}`)),
-		RequestID:   "req_1",
+		Authenticate: newCaller(t, db),
+		Scope:        idempotency.Scope{Endpoint: "POST /v1/payments", Key: "k"},
+		Fingerprint:  idempotency.Fingerprint(http.MethodPost, "/v1/payments", []byte(`{}`)),
+		RequestID:    "req_1",
 	}
 	executed := 0
 	var xid *int64
 	op := idempotency.Operation{
-		Execute: func(context.Context, pgx.Tx) (idempotency.Outcome, error) {
+		Execute: func(context.Context, idempotency.Work) (idempotency.Outcome, error) {
 			executed++
 			return idempotency.Outcome{Response: idempotency.Response{Status: 201, ContentType: "application/json", Body: []byte(`{"ok":true}`)}}, nil
 		},
@@ -58,4 +60,26 @@ func TestReplayIsReadOnly(t *testing.T) {
 	require.Equal(t, first.Response, again.Response)
 	require.Equal(t, 1, executed)
 	require.Nil(t, xid, "the replay's transaction got a transaction id: it locked or wrote a row")
+}
+
+// newCaller creates a principal with a payments:write key and returns the
+// Request.Authenticate that presents it.
+func newCaller(t *testing.T, db testdb.DB) func(*pgx.Batch) *uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.OwnerURL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var key auth.NewKey
+	require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		key, err = auth.CreateKey(ctx, tx, "executor-test", []string{auth.ScopePaymentsWrite})
+		return err
+	}))
+	creds, err := auth.ParseCredentials("Bearer " + key.Secret)
+	require.NoError(t, err)
+	return func(b *pgx.Batch) *uuid.UUID {
+		var p auth.Principal
+		creds.Queue(b, auth.ScopePaymentsWrite, &p)
+		return &p.ID
+	}
 }

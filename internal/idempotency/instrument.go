@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"fmt"
+	"github.com/google/uuid"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -68,12 +69,17 @@ type observation struct {
 func (e *Executor) observe(ctx context.Context, req Request) (context.Context, *observation) {
 	ctx, span := e.tracer.Start(ctx, "idempotency", trace.WithAttributes(
 		attribute.String("idempotency.endpoint", req.Endpoint),
-		attribute.String("idempotency.principal_id", req.Principal.String()),
 	))
 	return ctx, &observation{e: e, req: req, span: span, traceParent: formatTraceParent(span.SpanContext())}
 }
 
-// claimed records the claim statement's time, waits included.
+// authenticated names the principal the claim's round trip authenticated.
+func (o *observation) authenticated(principal uuid.UUID) {
+	o.span.SetAttributes(attribute.String("idempotency.principal_id", principal.String()))
+}
+
+// claimed records the claim's round trip (authentication, claim, lookup),
+// waits included.
 func (o *observation) claimed(ctx context.Context, start time.Time) {
 	o.e.claimDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("endpoint", o.req.Endpoint)))
 }

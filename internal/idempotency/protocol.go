@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
@@ -27,17 +28,21 @@ var errResponseTooLarge = errors.New("response over the storage cap and no resou
 // Do runs op under req's key in one transaction, or replays the response an
 // earlier attempt stored:
 //
-//  1. claim the key with one INSERT ... ON CONFLICT DO NOTHING (waiting for
-//     a concurrent attempt with the same key, if there is one);
+//  1. authenticate the caller and claim the key, in one round trip: the
+//     authentication (which sets the tenant), one INSERT ... ON CONFLICT DO
+//     NOTHING (waiting for a concurrent attempt with the same key, if there
+//     is one), and the lookup of the row it conflicted with;
 //  2. if the claim succeeded: execute, store the response on the claimed
 //     row, commit once;
-//  3. if not: read the stored row without locking it; a different
-//     fingerprint is ErrKeyReused, the same one is replayed after
+//  3. if not: the looked-up row with a different fingerprint is
+//     ErrKeyReused; with the same one it is replayed after
 //     op.Reauthorize, and the transaction writes nothing;
 //  4. if the row is past its window: take it over (one UPDATE that re-checks
 //     expires_at) and continue as in 2.
 //
-// Any error rolls the whole transaction back, claim included.
+// Any error rolls the whole transaction back, claim included. A new
+// request takes four round trips (BEGIN, step 1, the operation's writes
+// with the response, COMMIT), a replay three (docs/performance.md).
 func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, error) {
 	ctx, obs := e.observe(ctx, req)
 	res, outcome, err := e.run(ctx, req, op, obs)
@@ -47,22 +52,19 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 
 // run is Do without the instruments. It returns the outcome to record.
 func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *observation) (res Result, outcome string, err error) {
-	// The quota is read before the transaction: a principal at its limit
-	// may still replay, but may not claim a new key.
-	allowNew := true
-	if e.cfg.Quota != nil {
-		if allowNew, err = e.cfg.Quota.Allow(ctx, req.Principal); err != nil {
-			return Result{}, "", err
-		}
-	}
-	err = database.InTenantTx(ctx, e.pool, req.Principal, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
+	var principal uuid.UUID
+	err = database.InTx(ctx, e.pool, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		caller := req.Authenticate(b)
 		for range maxClaimAttempts {
 			// 1. Claim. The unique index on (principal, endpoint, key) is the
 			// only concurrency control: a concurrent attempt's uncommitted
 			// row makes this statement wait until that attempt ends (at most
 			// LOCK_TIMEOUT), and then it sees the outcome.
+			var c claimed
+			queueClaim(b, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, &c)
 			start := time.Now()
-			claimed, err := claim(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, allowNew)
+			err := tx.SendBatch(ctx, b).Close()
 			obs.claimed(ctx, start)
 			if database.IsLockTimeout(err) {
 				outcome = OutcomeConflict
@@ -71,27 +73,29 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			if err != nil {
 				return fmt.Errorf("claim key: %w", err)
 			}
-			if claimed {
-				return e.execute(ctx, tx, req, op, &res) // 2.
+			b = &pgx.Batch{}
+			principal = *caller
+			obs.authenticated(principal)
+			if c.owned {
+				// The quota is checked once the claim is ours: a principal at
+				// its limit may still replay, but may not claim a new key,
+				// and this claim then rolls back.
+				if err := e.allowNew(ctx, tx, principal); err != nil {
+					outcome = OutcomeQuotaExceeded
+					return err
+				}
+				return e.execute(ctx, tx, req, principal, c.now, op, &res) // 2.
 			}
-
-			// 3. The key is taken, and its holder has finished (the claim
-			// waited for it). Read the row without locking it: a replay
-			// writes nothing, not even a lock (docs/performance.md).
-			rec, found, err := lookup(ctx, tx, req.Scope)
-			if err != nil {
-				return fmt.Errorf("look up key: %w", err)
-			}
-			if !found && !allowNew {
-				outcome = OutcomeQuotaExceeded
-				return ErrQuotaExceeded
-			}
-			if !found {
+			if !c.found {
 				// 4. Expired (a late retry), or deleted since the claim. Take
 				// the expired row over; if another late retry took it first,
 				// the UPDATE waited for it and, re-checking expires_at,
 				// takes nothing: claim again and replay that one.
-				taken, err := takeOver(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention)
+				if err := e.allowNew(ctx, tx, principal); err != nil {
+					outcome = OutcomeQuotaExceeded
+					return err
+				}
+				taken, now, err := takeOver(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention)
 				if database.IsLockTimeout(err) {
 					outcome = OutcomeConflict
 					return ErrRequestInProgress
@@ -102,19 +106,22 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 				if !taken {
 					continue
 				}
-				return e.execute(ctx, tx, req, op, &res)
+				return e.execute(ctx, tx, req, principal, now, op, &res)
 			}
-			if !bytes.Equal(rec.Fingerprint, req.Fingerprint) {
+			// 3. The key is taken, and its holder has finished (the claim
+			// waited for it). The lookup read the row without locking it: a
+			// replay writes nothing, not even a lock (docs/performance.md).
+			if !bytes.Equal(c.rec.Fingerprint, req.Fingerprint) {
 				// One key, two intents: refuse rather than replay the
 				// wrong payment.
 				outcome = OutcomeMismatch
 				return ErrKeyReused
 			}
-			if rec.State == StateInProgress {
+			if c.rec.State == StateInProgress {
 				outcome = OutcomeConflict
 				return ErrRequestInProgress
 			}
-			return e.replay(ctx, tx, op, rec, &res, obs)
+			return e.replay(ctx, tx, op, c.rec, &res, obs)
 		}
 		return fmt.Errorf("claim key: row vanished %d times in a row", maxClaimAttempts)
 	})
@@ -127,16 +134,33 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 		return res, OutcomeReplayed, nil
 	}
 	if e.cfg.Quota != nil {
-		e.cfg.Quota.Record(req.Principal)
+		e.cfg.Quota.Record(principal)
 	}
 	return res, OutcomeClaimed, nil
 }
 
+// allowNew returns ErrQuotaExceeded when principal may not take a new key.
+func (e *Executor) allowNew(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error {
+	if e.cfg.Quota == nil {
+		return nil
+	}
+	ok, err := e.cfg.Quota.Allow(ctx, tx, principal)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return ErrQuotaExceeded
+	}
+	return nil
+}
+
 // execute runs op in the transaction that owns the key and stores its
 // outcome on the claimed row: the business write and the response commit
-// together, or neither does.
-func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, op Operation, res *Result) error {
-	out, err := op.Execute(ctx, tx)
+// together, or neither does. The operation's batched writes and the
+// response travel in one round trip.
+func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principal uuid.UUID, now time.Time, op Operation, res *Result) error {
+	b := &pgx.Batch{}
+	out, err := op.Execute(ctx, Work{Tx: tx, Batch: b, Now: now, Principal: principal})
 	if err != nil {
 		return err
 	}
@@ -153,15 +177,17 @@ func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, op Opera
 		}
 		ref = out.ResourceRef
 	}
-	if err := complete(ctx, tx, req.Scope, state, out.Response, ref); err != nil {
-		return fmt.Errorf("store response: %w", err)
+	queueComplete(b, req.Scope, state, out.Response, ref)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return err
 	}
 	res.Response, res.OriginalRequestID = out.Response, req.RequestID
 	return nil
 }
 
 // replay answers with what the original attempt stored, after checking that
-// the caller may still see it: a revoked or narrowed key gets no replay.
+// the caller may still see it: a revoked or narrowed key gets no replay
+// (authentication, in the claim's round trip, checked both).
 func (e *Executor) replay(ctx context.Context, tx pgx.Tx, op Operation, rec record, res *Result, obs *observation) error {
 	if op.Reauthorize != nil {
 		if err := op.Reauthorize(ctx, tx); err != nil {

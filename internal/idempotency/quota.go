@@ -74,15 +74,16 @@ func NewQuota(pool *database.Pool, cfg QuotaConfig) *Quota {
 	}
 }
 
-// Allow reports whether principal may claim a new key.
-func (q *Quota) Allow(ctx context.Context, principal uuid.UUID) (bool, error) {
+// Allow reports whether principal may claim a new key. A count not cached
+// is read through db, the request's transaction.
+func (q *Quota) Allow(ctx context.Context, db database.DBTX, principal uuid.UUID) (bool, error) {
 	now := q.now()
 	q.mu.Lock()
 	c, ok := q.cache[principal]
 	q.mu.Unlock()
 	if !ok || now.Sub(c.fetched) > q.refresh {
 		var err error
-		c.count, err = q.load(ctx, principal, now)
+		c.count, err = q.load(ctx, db, principal, now)
 		if err != nil {
 			return false, err
 		}
@@ -112,14 +113,12 @@ func (q *Quota) Record(principal uuid.UUID) {
 	}
 }
 
-func (q *Quota) load(ctx context.Context, principal uuid.UUID, now time.Time) (int64, error) {
+func (q *Quota) load(ctx context.Context, db database.DBTX, principal uuid.UUID, now time.Time) (int64, error) {
 	since := now.Add(-q.retention).UTC().Truncate(time.Hour)
 	var n int64
-	err := q.pool.WithConn(ctx, func(c database.DBTX) error {
-		return c.QueryRow(ctx,
-			`SELECT coalesce(sum(claims), 0) FROM idempotency_key_usage WHERE principal_id = $1 AND bucket >= $2`,
-			principal, since).Scan(&n)
-	})
+	err := db.QueryRow(ctx,
+		`SELECT coalesce(sum(claims), 0) FROM idempotency_key_usage WHERE principal_id = $1 AND bucket >= $2`,
+		principal, since).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("load key quota usage: %w", err)
 	}

@@ -27,25 +27,25 @@ func TestQuotaIsSharedAcrossInstances(t *testing.T) {
 	p := uuid.New()
 
 	for range 5 {
-		ok, err := one.Allow(ctx, p)
+		ok, err := one.Allow(ctx, pool.Pgx(), p)
 		require.NoError(t, err)
 		require.True(t, ok)
 		one.Record(p)
 	}
-	ok, err := one.Allow(ctx, p)
+	ok, err := one.Allow(ctx, pool.Pgx(), p)
 	require.NoError(t, err)
 	require.False(t, ok, "the instance that counted knows at once")
 
-	ok, err = two.Allow(ctx, p)
+	ok, err = two.Allow(ctx, pool.Pgx(), p)
 	require.NoError(t, err)
 	require.True(t, ok, "nothing flushed yet")
 	require.NoError(t, one.Flush(ctx))
 	require.Eventually(t, func() bool {
-		ok, err := two.Allow(ctx, p)
+		ok, err := two.Allow(ctx, pool.Pgx(), p)
 		return err == nil && !ok
 	}, 5*time.Second, 20*time.Millisecond, "the other instance sees the flushed counts after its refresh")
 
-	ok, err = two.Allow(ctx, uuid.New())
+	ok, err = two.Allow(ctx, pool.Pgx(), uuid.New())
 	require.NoError(t, err)
 	require.True(t, ok, "other principals are unaffected")
 }

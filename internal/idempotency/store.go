@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // State is where a key's record is in its life.
@@ -23,12 +23,18 @@ const (
 )
 
 // Scope identifies one record: the idempotency key is unique per principal and
-// per endpoint (route template), never globally.
+// per endpoint (route template), never globally. The principal is the
+// transaction's tenant, which authenticating the caller set: every statement
+// here reads it from the database (tenantSQL), none takes it from Go.
 type Scope struct {
-	Principal uuid.UUID
-	Endpoint  string
-	Key       string
+	Endpoint string
+	Key      string
 }
+
+// tenantSQL is the transaction's tenant, set by authenticate_request. It has
+// no default: a statement run without a tenant fails instead of matching
+// another principal's rows.
+const tenantSQL = `current_setting('app.principal_id')::uuid`
 
 // record is a stored key as a replay needs it.
 type record struct {
@@ -52,29 +58,68 @@ type record struct {
 // with a false WHERE would lock the row, which needs a transaction id and a
 // WAL record, and made every replay pay a write's commit.)
 //
-// $7 is false when the principal is over its key quota: then no row is
-// offered for insertion at all, and the caller can still replay an existing
-// key but not create one.
+// RETURNING now() gives the transaction's start, which every now() in it
+// returns: the created_at of what the request will write, known before it
+// is written.
 const claimSQL = `
 INSERT INTO idempotency_keys
     (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at)
-SELECT $1, $2, $3, 'in_progress', $4, $5, NULLIF($8, ''), now() + $6 * interval '1 millisecond'
-WHERE $7
+SELECT ` + tenantSQL + `, $1, $2, 'in_progress', $3, $4, NULLIF($5, ''), now() + $6 * interval '1 millisecond'
 ON CONFLICT (principal_id, endpoint, key) DO NOTHING
-RETURNING created_at`
+RETURNING now()`
 
-// claim tries to take the key. It reports whether this transaction now owns
-// it.
-func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, allowNew bool) (bool, error) {
-	var createdAt time.Time
-	err := tx.QueryRow(ctx, claimSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), allowNew, traceParent).Scan(&createdAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, nil
+// lookupSQL reads the record that made a claim conflict, without locking it.
+// It is sent right behind the claim, in the same round trip, and under READ
+// COMMITTED takes a snapshot of its own after the claim's wait, so it sees
+// the row of the transaction the claim waited for. When the claim inserted,
+// it finds that new row, and the caller ignores it. It finds nothing when the
+// row was removed since (a sweeper deleting an expired row), or when the row
+// is past its expires_at: outside the published window a key counts as
+// absent, and the caller takes it over (takeOver) instead of replaying it.
+//
+// No lock is needed to replay: the row is live, the sweeper deletes only
+// expired rows, and this statement's snapshot already holds the response.
+const lookupSQL = `
+SELECT state, fingerprint, response_status, coalesce(response_content_type, ''),
+       coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '')
+FROM idempotency_keys
+WHERE principal_id = ` + tenantSQL + ` AND endpoint = $1 AND key = $2 AND expires_at >= now()`
+
+// claimed is what the claim's round trip learned.
+type claimed struct {
+	owned bool      // the claim inserted the row: this transaction owns the key
+	now   time.Time // the transaction's now(), when owned
+	rec   record    // the row lookup found, when found and not owned
+	found bool
+}
+
+// queueClaim adds the claim and the lookup behind it to b, and fills c when
+// b runs.
+func queueClaim(b *pgx.Batch, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, c *claimed) {
+	b.Queue(claimSQL, s.Endpoint, s.Key, fingerprint, requestID, traceParent, ttl.Milliseconds()).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&c.now)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		c.owned = err == nil
+		return err
+	})
+	b.Queue(lookupSQL, s.Endpoint, s.Key).QueryRow(func(row pgx.Row) error {
+		var status *int16
+		r := &c.rec
+		err := row.Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID, &r.TraceParent)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("look up key: %w", err)
+		}
+		if status != nil {
+			r.Response.Status = int(*status)
+		}
+		c.found = !c.owned
+		return nil
+	})
 }
 
 // takeOverSQL claims a key whose row is past its expires_at: outside the
@@ -94,76 +139,46 @@ func claim(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestI
 // now() is the transaction's start, the same instant lookup compared with.
 const takeOverSQL = `
 UPDATE idempotency_keys
-SET state = 'in_progress', fingerprint = $4,
+SET state = 'in_progress', fingerprint = $3,
     response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
-    correlation_id = $5, trace_parent = NULLIF($7, ''), created_at = now(), expires_at = now() + $6 * interval '1 millisecond'
-WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at < now()
-RETURNING created_at`
+    correlation_id = $4, trace_parent = NULLIF($6, ''), created_at = now(), expires_at = now() + $5 * interval '1 millisecond'
+WHERE principal_id = ` + tenantSQL + ` AND endpoint = $1 AND key = $2 AND expires_at < now()
+RETURNING now()`
 
 // takeOver claims s's expired row. It reports whether this transaction now
-// owns the key; false means there was no expired row to take (any more).
-func takeOver(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration) (bool, error) {
-	var createdAt time.Time
-	err := tx.QueryRow(ctx, takeOverSQL, s.Principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), traceParent).Scan(&createdAt)
+// owns the key, and the transaction's now(); false means there was no
+// expired row to take (any more).
+func takeOver(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration) (bool, time.Time, error) {
+	var now time.Time
+	err := tx.QueryRow(ctx, takeOverSQL, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), traceParent).Scan(&now)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		return false, time.Time{}, nil
 	}
 	if err != nil {
-		return false, err
+		return false, time.Time{}, err
 	}
-	return true, nil
+	return true, now, nil
 }
 
-// lookup reads the record that made a claim conflict, without locking it.
-// Under READ COMMITTED this statement takes a new snapshot, so it sees the
-// row of the transaction the claim waited for. It finds nothing when that
-// row was removed since (a sweeper deleting an expired row), or when the row
-// is past its expires_at: outside the published window a key counts as
-// absent, and the caller takes it over (takeOver) instead of replaying it.
-//
-// No lock is needed to replay: the row is live, the sweeper deletes only
-// expired rows, and this statement's snapshot already holds the response.
-func lookup(ctx context.Context, tx pgx.Tx, s Scope) (record, bool, error) {
-	var r record
-	var status *int16
-	err := tx.QueryRow(ctx, `
-		SELECT state, fingerprint, response_status, coalesce(response_content_type, ''),
-		       coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '')
-		FROM idempotency_keys
-		WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at >= now()`,
-		s.Principal, s.Endpoint, s.Key).
-		Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID, &r.TraceParent)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return record{}, false, nil
-	}
-	if err != nil {
-		return record{}, false, err
-	}
-	if status != nil {
-		r.Response.Status = int(*status)
-	}
-	return r, true, nil
-}
-
-// complete stores the outcome on the claimed row, in the claiming
-// transaction: either the body or, when it is over the cap, ref.
-func complete(ctx context.Context, tx pgx.Tx, s Scope, state State, resp Response, ref string) error {
+// queueComplete adds to b the statement that stores the outcome on the
+// claimed row, in the claiming transaction: either the body or, when it is
+// over the cap, ref. It goes last in the batch that carries the operation's
+// own writes, so they and the response reach the server in one round trip.
+func queueComplete(b *pgx.Batch, s Scope, state State, resp Response, ref string) {
 	body, refArg := resp.Body, &ref
 	if ref == "" {
 		refArg = nil
 	} else {
 		body = nil
 	}
-	tag, err := tx.Exec(ctx, `
+	b.Queue(`
 		UPDATE idempotency_keys
-		SET state = $4, response_status = $5, response_content_type = $6, response_body = $7, response_ref = $8
-		WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND state = 'in_progress'`,
-		s.Principal, s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, body, refArg)
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("claimed row not found in state in_progress (updated %d rows)", tag.RowsAffected())
-	}
-	return nil
+		SET state = $3, response_status = $4, response_content_type = $5, response_body = $6, response_ref = $7
+		WHERE principal_id = `+tenantSQL+` AND endpoint = $1 AND key = $2 AND state = 'in_progress'`,
+		s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, body, refArg).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("store response: claimed row not found in state in_progress (updated %d rows)", tag.RowsAffected())
+		}
+		return nil
+	})
 }

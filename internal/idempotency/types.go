@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -46,10 +47,10 @@ type Outcome struct {
 
 // Operation is an endpoint's part of the protocol.
 type Operation struct {
-	// Execute does the business write in tx, the claiming transaction, and
+	// Execute does the business write in the claiming transaction and
 	// renders the response. Returning an error rolls back everything,
 	// including the claim: nothing is stored and a retry executes afresh.
-	Execute func(ctx context.Context, tx pgx.Tx) (Outcome, error)
+	Execute func(ctx context.Context, w Work) (Outcome, error)
 	// Reauthorize, when set, runs before a stored response is replayed, in
 	// the same transaction, to check that the caller may still see it.
 	Reauthorize func(ctx context.Context, tx pgx.Tx) error
@@ -60,8 +61,31 @@ type Operation struct {
 	Rederive func(ctx context.Context, tx pgx.Tx, ref string) (Response, error)
 }
 
+// Work is where an Operation does its business write.
+type Work struct {
+	// Tx is the claiming transaction, for statements whose results the
+	// operation needs before it can go on (a row to lock and check).
+	Tx pgx.Tx
+	// Batch takes the writes whose values are already known in Go. The
+	// executor sends them after Execute returns, with the statement that
+	// stores the response, in one round trip; an error from any of them
+	// rolls everything back like an error from Execute.
+	Batch *pgx.Batch
+	// Now is the transaction's now(), which every now() in it returns: a
+	// response can show a created_at before its row is written.
+	Now time.Time
+	// Principal is the authenticated caller, the transaction's tenant.
+	Principal uuid.UUID
+}
+
 // Request is one attempt to run an Operation under a key.
 type Request struct {
+	// Authenticate adds to b the statement that authenticates the caller
+	// and sets the transaction's tenant (auth.Credentials.Queue), and
+	// returns where the caller's principal will be once b has run. The
+	// executor sends it first in the claim's round trip; when it fails,
+	// nothing after it runs and Do returns its error.
+	Authenticate func(b *pgx.Batch) *uuid.UUID
 	Scope
 	// Fingerprint of the request, from Fingerprint.
 	Fingerprint []byte

@@ -8,6 +8,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,15 +22,49 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"github.com/riverqueue/rivercontrib/otelriver"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
-// Inserter adds a job to a transaction. *river.Client[pgx.Tx] is one; a
-// domain package needs nothing else of River to enqueue.
-type Inserter interface {
-	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
+// Queuer adds a job to a batch of the transaction that makes the job's
+// reason (a payment, a refund): the job commits with it, or neither does.
+// A domain package needs nothing else of River to enqueue.
+type Queuer interface {
+	Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) error
+}
+
+// Writer queues jobs as one plain INSERT into River's table, so the job
+// travels in the same round trip as the row it acts on (River's InsertTx
+// would be a round trip of its own). River works a row inserted this way
+// like one of its own: the workers poll for available jobs (PollOnly), so
+// nothing needs notifying, and River's other clients insert by SQL too.
+type Writer struct {
+	// MaxAttempts is each job's retry budget (OUTBOX_MAX_ATTEMPTS), which
+	// River would otherwise take from its client's configuration.
+	MaxAttempts int
+}
+
+// Queue implements Queuer. The job's metadata carries the request's
+// traceparent, as otelriver's insert middleware would write it, so every
+// attempt of the job is traced in the request's trace (requestTrace).
+func (w Writer) Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) error {
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return fmt.Errorf("encode %s job: %w", args.Kind(), err)
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	meta, err := json.Marshal(carrier)
+	if err != nil {
+		return fmt.Errorf("encode %s job metadata: %w", args.Kind(), err)
+	}
+	b.Queue(`
+		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
+		VALUES ($1, $2, $3, $4, 'default', 'available')`,
+		raw, args.Kind(), w.MaxAttempts, meta)
+	return nil
 }
 
 // Client is the River client: it inserts jobs and, when started, works them.

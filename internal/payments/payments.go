@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
@@ -121,10 +122,12 @@ func (n NewPayment) Validate() error {
 	return c.Err()
 }
 
-// Create records a validated payment for principal in tx, and the job that
-// will charge it: both commit with tx or neither does. live says whether the
-// processor that will charge it moves real money (Payment.Livemode).
-func Create(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal uuid.UUID, n NewPayment, live bool) (Payment, error) {
+// Create records a validated payment for principal, and the job that will
+// charge it, by queueing both on b, a batch of the request's transaction:
+// they commit with it or neither does. now is that transaction's now(), the
+// payment's created_at. live says whether the processor that will charge it
+// moves real money (Payment.Livemode).
+func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, principal uuid.UUID, n NewPayment, live bool, now time.Time) (Payment, error) {
 	p := Payment{
 		Livemode:    live,
 		ID:          uuid.Must(uuid.NewV7()), // time-ordered: new rows land at the right edge of the primary key index
@@ -133,19 +136,16 @@ func Create(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal uuid
 		Status:      StatusProcessing,
 		Description: n.Description,
 		Metadata:    n.Metadata,
+		CreatedAt:   now,
 	}
 	if p.Metadata == nil {
 		p.Metadata = map[string]string{}
 	}
-	err := tx.QueryRow(ctx, `
+	b.Queue(`
 		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
-		RETURNING created_at`,
-		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode).Scan(&p.CreatedAt)
-	if err != nil {
-		return Payment{}, fmt.Errorf("insert payment: %w", err)
-	}
-	if _, err := jobs.InsertTx(ctx, tx, ChargeArgs{PaymentID: p.ID, Principal: principal}, nil); err != nil {
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt)
+	if err := jobs.Queue(ctx, b, ChargeArgs{PaymentID: p.ID, Principal: principal}); err != nil {
 		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
 	}
 	return p, nil
@@ -222,14 +222,27 @@ func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, status string, reason 
 	return tag.RowsAffected() == 1, nil
 }
 
-// AddRefunded records amount more as refunded on the payment (less, for a
-// negative amount: a failed refund gives its amount back). The table's CHECK
+// addRefundedSQL adds $2 to what payment $1 has refunded. The table's CHECK
 // refuses a total above the payment's amount or below zero.
+const addRefundedSQL = `UPDATE payments SET amount_refunded = amount_refunded + $2 WHERE id = $1`
+
+// AddRefunded records amount more as refunded on the payment (less, for a
+// negative amount: a failed refund gives its amount back).
 func AddRefunded(ctx context.Context, tx pgx.Tx, id uuid.UUID, amount int64) error {
-	tag, err := tx.Exec(ctx, `UPDATE payments SET amount_refunded = amount_refunded + $2 WHERE id = $1`, id, amount)
+	tag, err := tx.Exec(ctx, addRefundedSQL, id, amount)
 	if err != nil {
 		return fmt.Errorf("add refunded amount: %w", err)
 	}
+	return refundedRow(tag)
+}
+
+// QueueAddRefunded is AddRefunded queued on b, for a refund whose other
+// writes travel in the same round trip.
+func QueueAddRefunded(b *pgx.Batch, id uuid.UUID, amount int64) {
+	b.Queue(addRefundedSQL, id, amount).Exec(refundedRow)
+}
+
+func refundedRow(tag pgconn.CommandTag) error {
 	if tag.RowsAffected() != 1 {
 		return ErrNotFound
 	}

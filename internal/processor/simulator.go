@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -16,6 +17,10 @@ type SimConfig struct {
 	// Latency passes before a request is processed. A caller that gave up
 	// meanwhile is not charged: its request never arrived.
 	Latency time.Duration
+	// LatencyP99, when longer than Latency, makes the latency a log-normal
+	// draw with median Latency and 99th percentile LatencyP99: a real
+	// processor's tail, which sizes the outbox (workers >= rate x p99).
+	LatencyP99 time.Duration
 	// ErrorRate answers 503 without doing anything.
 	ErrorRate float64
 	// DropRate charges, then closes the connection without a reply: the
@@ -150,6 +155,17 @@ func (s *Simulator) lookup(w http.ResponseWriter, key string) {
 	}
 }
 
+// drawLatency is one request's latency under cfg: Latency, or a log-normal
+// draw when LatencyP99 gives a tail. ln(latency) ~ N(ln median, sigma) with
+// sigma = ln(p99/median) / z(0.99).
+func drawLatency(rng *rand.Rand, cfg SimConfig) time.Duration {
+	if cfg.LatencyP99 <= cfg.Latency || cfg.Latency <= 0 {
+		return cfg.Latency
+	}
+	sigma := math.Log(float64(cfg.LatencyP99)/float64(cfg.Latency)) / 2.3263
+	return time.Duration(float64(cfg.Latency) * math.Exp(sigma*rng.NormFloat64()))
+}
+
 func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 	key := r.Header.Get("Idempotency-Key")
 	var in struct {
@@ -163,9 +179,10 @@ func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 	}
 	s.mu.Lock()
 	cfg := s.cfg
+	latency := drawLatency(s.rng, cfg)
 	s.waiting++
 	s.mu.Unlock()
-	arrived := sleep(r.Context(), cfg.Latency)
+	arrived := sleep(r.Context(), latency)
 	s.mu.Lock()
 	s.waiting--
 	s.mu.Unlock()

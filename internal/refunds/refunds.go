@@ -104,13 +104,14 @@ func (n NewRefund) Validate() error {
 	return c.Err()
 }
 
-// Request records a refund of the payment paymentID in tx, with the job that
-// will send it to the processor. It locks the payment first: refunds of one
+// Request records a refund of the payment paymentID, with the job that will
+// send it to the processor: it reads and locks the payment in tx, then queues
+// its writes on b, a batch of tx (now is tx's now()). It locks the payment first: refunds of one
 // payment run one after another, and each sees what the previous ones, pending
 // included, took. It returns *ExceedsError when the amount (by default, all
 // that remains) is more than remains, ErrPaymentFailed or ErrPaymentProcessing
 // for a payment that cannot be refunded (now), and payments.ErrNotFound.
-func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal, paymentID uuid.UUID, n NewRefund) (Refund, error) {
+func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, principal, paymentID uuid.UUID, n NewRefund, now time.Time) (Refund, error) {
 	p, err := payments.GetForUpdate(ctx, tx, paymentID)
 	if err != nil {
 		return Refund{}, err
@@ -136,19 +137,16 @@ func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Inserter, principal, pa
 		Reason:    n.Reason,
 		Status:    StatusPending,
 		Livemode:  p.Livemode,
+		CreatedAt: now,
 	}
-	err = tx.QueryRow(ctx, `
+	// Checked under the payment's lock, the writes need nothing more from
+	// the database: they travel in one round trip, with the response.
+	b.Queue(`
 		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
-		RETURNING created_at`,
-		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode).Scan(&r.CreatedAt)
-	if err != nil {
-		return Refund{}, fmt.Errorf("insert refund: %w", err)
-	}
-	if err := payments.AddRefunded(ctx, tx, p.ID, r.Amount); err != nil {
-		return Refund{}, err
-	}
-	if _, err := jobs.InsertTx(ctx, tx, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}, nil); err != nil {
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt)
+	payments.QueueAddRefunded(b, p.ID, r.Amount)
+	if err := jobs.Queue(ctx, b, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
 		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
 	}
 	return r, nil

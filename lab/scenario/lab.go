@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-	"github.com/riverqueue/river"
 
+	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
@@ -59,7 +59,7 @@ type Lab struct {
 	app    *database.Pool
 	maint  *database.Pool
 	redis  *redis.Client
-	jobs   *outbox.Client
+	jobs   outbox.Writer
 	prefix string // keys of this run, so runs never collide
 }
 
@@ -84,10 +84,7 @@ func Open(ctx context.Context, env Env) (*Lab, error) {
 		l.Close()
 		return nil, err
 	}
-	if l.jobs, err = outbox.NewClient(l.app, river.NewWorkers(), outbox.Config{JobTimeout: time.Second, RescueAfter: time.Minute}); err != nil {
-		l.Close()
-		return nil, err
-	}
+	l.jobs = outbox.Writer{MaxAttempts: 1}
 	l.redis = redis.NewClient(&redis.Options{Addr: env.RedisAddr})
 	if _, err := l.admin.Exec(ctx, naiveSchema); err != nil {
 		l.Close()
@@ -143,19 +140,47 @@ func (l *Lab) executor(retention time.Duration, maxStored int) (*idempotency.Exe
 	return idempotency.NewExecutor(l.app, idempotency.Config{Retention: retention, LockTimeout: 10 * time.Second, MaxStoredResponseBytes: maxStored})
 }
 
+// caller is a principal with an API key, as the service authenticates it.
+type caller struct {
+	id    uuid.UUID
+	creds auth.Credentials
+}
+
+// newCaller creates a principal of its own with a key that may pay.
+func (l *Lab) newCaller(ctx context.Context) (caller, error) {
+	var key auth.NewKey
+	err := pgx.BeginFunc(ctx, l.admin, func(tx pgx.Tx) (err error) {
+		key, err = auth.CreateKey(ctx, tx, l.key("caller-"+uuid.NewString()), []string{auth.ScopePaymentsWrite})
+		return err
+	})
+	if err != nil {
+		return caller{}, fmt.Errorf("create a principal: %w", err)
+	}
+	creds, err := auth.ParseCredentials("Bearer " + key.Secret)
+	return caller{id: key.PrincipalID, creds: creds}, err
+}
+
+// authenticate is idempotency.Request.Authenticate for c.
+func (c caller) authenticate(b *pgx.Batch) *uuid.UUID {
+	var p auth.Principal
+	c.creds.Queue(b, auth.ScopePaymentsWrite, &p)
+	return &p.ID
+}
+
 // pay is this service's payment under a key: the real executor and the real
 // payment write, with the payment's intent in its metadata for counting.
-func (l *Lab) pay(ctx context.Context, e *idempotency.Executor, principal uuid.UUID, key string, amount int64) (idempotency.Result, error) {
+func (l *Lab) pay(ctx context.Context, e *idempotency.Executor, principal caller, key string, amount int64) (idempotency.Result, error) {
 	body := fmt.Sprintf(`{"amount":%d,"currency":"usd"}`, amount)
 	req := idempotency.Request{
-		Scope:       idempotency.Scope{Principal: principal, Endpoint: "POST /v1/payments", Key: key},
-		Fingerprint: idempotency.Fingerprint("POST", "/v1/payments", []byte(body)),
-		RequestID:   "req_" + uuid.NewString(),
+		Authenticate: principal.authenticate,
+		Scope:        idempotency.Scope{Endpoint: "POST /v1/payments", Key: key},
+		Fingerprint:  idempotency.Fingerprint("POST", "/v1/payments", []byte(body)),
+		RequestID:    "req_" + uuid.NewString(),
 	}
 	in := payments.NewPayment{Amount: &amount, Currency: "usd", Metadata: map[string]string{"intent": key}}
 	return e.Do(ctx, req, idempotency.Operation{
-		Execute: func(ctx context.Context, tx pgx.Tx) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, tx, l.jobs, principal, in, false)
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			p, err := payments.Create(ctx, w.Batch, l.jobs, w.Principal, in, false, w.Now)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/config"
@@ -52,7 +51,14 @@ func scopedByKeyAlone(ctx context.Context, l *Lab) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	a, b := uuid.New(), uuid.New()
+	a, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
+	b, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	ra, err := l.pay(ctx, e, a, key, 1000)
 	if err != nil {
 		return Outcome{}, err
@@ -98,7 +104,10 @@ func writtenAtCompletion(ctx context.Context, l *Lab) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	principal := uuid.New()
+	principal, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	for range n {
 		wg.Go(func() {
 			<-start
@@ -153,15 +162,19 @@ func redisClaimThenCrash(ctx context.Context, l *Lab) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	principal := uuid.New()
+	principal, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	body := []byte(`{"amount":1000,"currency":"usd"}`)
 	req := idempotency.Request{
-		Scope:       idempotency.Scope{Principal: principal, Endpoint: "POST /v1/payments", Key: ourKey},
-		Fingerprint: idempotency.Fingerprint("POST", "/v1/payments", body),
-		RequestID:   "req_crash",
+		Authenticate: principal.authenticate,
+		Scope:        idempotency.Scope{Endpoint: "POST /v1/payments", Key: ourKey},
+		Fingerprint:  idempotency.Fingerprint("POST", "/v1/payments", body),
+		RequestID:    "req_crash",
 	}
 	errCrash := errors.New("the process died after the claim")
-	_, err = e.Do(ctx, req, idempotency.Operation{Execute: func(context.Context, pgx.Tx) (idempotency.Outcome, error) {
+	_, err = e.Do(ctx, req, idempotency.Operation{Execute: func(context.Context, idempotency.Work) (idempotency.Outcome, error) {
 		return idempotency.Outcome{}, errCrash // the claim's transaction dies with it
 	}})
 	if !errors.Is(err, errCrash) {
@@ -203,7 +216,10 @@ func inProcessCache(ctx context.Context, l *Lab) (Outcome, error) {
 	}
 
 	// Ours: two executors, as two instances have, over one database.
-	principal := uuid.New()
+	principal, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	var replayed bool
 	for range 2 {
 		e, err := l.executor(window, 64<<10)
@@ -254,7 +270,10 @@ func shortTTL(ctx context.Context, l *Lab) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	principal := uuid.New()
+	principal, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	if _, err := l.pay(ctx, e, principal, ourKey, 1000); err != nil {
 		return Outcome{}, err
 	}
@@ -309,7 +328,10 @@ func noFingerprint(ctx context.Context, l *Lab) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	principal := uuid.New()
+	principal, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	if _, err := l.pay(ctx, e, principal, ourKey, 1000); err != nil {
 		return Outcome{}, err
 	}

@@ -71,7 +71,10 @@ func redisEviction(ctx context.Context, l *Lab) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	principal := uuid.New()
+	principal, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	for range 2 { // every intent, then its retry
 		for i := range intents {
 			if _, err := l.pay(ctx, e, principal, l.key("lru-ours-"+strconv.Itoa(i)), 1000); err != nil {
@@ -363,16 +366,20 @@ func uncappedResponses(ctx context.Context, l *Lab) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, err
 	}
-	principal := uuid.New()
+	principal, err := l.newCaller(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
 	for i := range n {
 		body := []byte(verbose())
 		ref := uuid.NewString()
 		_, err := e.Do(ctx, idempotency.Request{
-			Scope:       idempotency.Scope{Principal: principal, Endpoint: "POST /v1/reports", Key: l.key("verbose-ours-" + strconv.Itoa(i))},
-			Fingerprint: idempotency.Fingerprint("POST", "/v1/reports", nil),
-			RequestID:   "req_verbose",
+			Authenticate: principal.authenticate,
+			Scope:        idempotency.Scope{Endpoint: "POST /v1/reports", Key: l.key("verbose-ours-" + strconv.Itoa(i))},
+			Fingerprint:  idempotency.Fingerprint("POST", "/v1/reports", nil),
+			RequestID:    "req_verbose",
 		}, idempotency.Operation{
-			Execute: func(context.Context, pgx.Tx) (idempotency.Outcome, error) {
+			Execute: func(context.Context, idempotency.Work) (idempotency.Outcome, error) {
 				return idempotency.Outcome{Response: idempotency.Response{Status: 201, ContentType: "application/json", Body: body}, ResourceRef: ref}, nil
 			},
 			// A replay renders the report again from what it names.

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
@@ -68,10 +69,24 @@ type noStore struct{ pool *database.Pool }
 
 func (s noStore) Do(ctx context.Context, req idempotency.Request, op idempotency.Operation) (idempotency.Result, error) {
 	var res idempotency.Result
-	err := database.InTenantTx(ctx, s.pool, req.Principal, database.TxOptions{}, func(tx pgx.Tx) error {
-		out, err := op.Execute(ctx, tx)
+	err := database.InTx(ctx, s.pool, database.TxOptions{}, func(tx pgx.Tx) error {
+		// The service's round trips less the key's: authenticate (and
+		// read now(), which the claim would have returned), then the
+		// payment's writes, without the response.
+		b := &pgx.Batch{}
+		principal := req.Authenticate(b)
+		var now time.Time
+		b.Queue(`SELECT now()`).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		b = &pgx.Batch{}
+		out, err := op.Execute(ctx, idempotency.Work{Tx: tx, Batch: b, Now: now, Principal: *principal})
+		if err != nil {
+			return err
+		}
 		res.Response, res.OriginalRequestID = out.Response, req.RequestID
-		return err
+		return tx.SendBatch(ctx, b).Close()
 	})
 	return res, err
 }
@@ -85,7 +100,14 @@ type redisStore struct {
 }
 
 func (s redisStore) Do(ctx context.Context, req idempotency.Request, op idempotency.Operation) (idempotency.Result, error) {
-	claim := PeerKeyPrefix + req.Principal.String() + ":" + req.Key
+	// The claim is scoped by principal, so the caller is authenticated
+	// first, in a round trip of its own: unlike ours, this claim cannot
+	// ride in the payment's transaction.
+	principal, err := s.authenticate(ctx, req)
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	claim := PeerKeyPrefix + principal.String() + ":" + req.Key
 	const inProgress = "in_progress"
 	taken, err := s.rdb.SetNX(ctx, claim, inProgress, 25*time.Hour).Result()
 	if err != nil {
@@ -113,31 +135,84 @@ func (s redisStore) Do(ctx context.Context, req idempotency.Request, op idempote
 	return res, nil
 }
 
+// authenticate runs req's authentication alone, outside any transaction.
+func (s redisStore) authenticate(ctx context.Context, req idempotency.Request) (uuid.UUID, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return uuid.UUID{}, err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	principal := req.Authenticate(b)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return uuid.UUID{}, database.Classify(err)
+	}
+	return *principal, nil
+}
+
 type timingKey struct{}
 
 type claimStart struct{}
 
-// WrapTracer is app.Options.WrapTracer: it times the claim statement
-// (INSERT ... ON CONFLICT (principal_id, endpoint, key) DO NOTHING) of each
-// request, waits for a concurrent duplicate included.
+// WrapTracer is app.Options.WrapTracer: it times the round trip that
+// carries the claim statement (INSERT ... ON CONFLICT (principal_id,
+// endpoint, key) DO NOTHING) of each request, with the authentication and
+// the lookup sent with it, waits for a concurrent duplicate included.
 func WrapTracer(next pgx.QueryTracer) pgx.QueryTracer { return claimTracer{next} }
 
 type claimTracer struct{ pgx.QueryTracer }
 
+const claimMarker = "ON CONFLICT (principal_id, endpoint, key) DO NOTHING"
+
+// TraceBatchStart implements pgx.BatchTracer: the claim travels in a batch.
+func (c claimTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if bt, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		ctx = bt.TraceBatchStart(ctx, conn, data)
+	}
+	if data.Batch != nil {
+		for _, q := range data.Batch.QueuedQueries {
+			if strings.Contains(q.SQL, claimMarker) {
+				return context.WithValue(ctx, claimStart{}, time.Now())
+			}
+		}
+	}
+	return ctx
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (c claimTracer) TraceBatchQuery(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if bt, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		bt.TraceBatchQuery(ctx, conn, data)
+	}
+}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (c claimTracer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchEndData) {
+	c.record(ctx)
+	if bt, ok := c.QueryTracer.(pgx.BatchTracer); ok {
+		bt.TraceBatchEnd(ctx, conn, data)
+	}
+}
+
+// record stores the claim's time in the request's slot.
+func (c claimTracer) record(ctx context.Context) {
+	if start, ok := ctx.Value(claimStart{}).(time.Time); ok {
+		if slot, ok := ctx.Value(timingKey{}).(*atomic.Int64); ok {
+			slot.Store(int64(time.Since(start)))
+		}
+	}
+}
+
 func (c claimTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	ctx = c.QueryTracer.TraceQueryStart(ctx, conn, data)
-	if strings.Contains(data.SQL, "ON CONFLICT (principal_id, endpoint, key) DO NOTHING") {
+	if strings.Contains(data.SQL, claimMarker) {
 		ctx = context.WithValue(ctx, claimStart{}, time.Now())
 	}
 	return ctx
 }
 
 func (c claimTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
-	if start, ok := ctx.Value(claimStart{}).(time.Time); ok {
-		if slot, ok := ctx.Value(timingKey{}).(*atomic.Int64); ok {
-			slot.Store(int64(time.Since(start)))
-		}
-	}
+	c.record(ctx)
 	c.QueryTracer.TraceQueryEnd(ctx, conn, data)
 }
 

@@ -2,7 +2,9 @@
 // runs it (internal/app), plus what only the load test needs, which the
 // production binary does not carry (loadtest/designs): the baseline route,
 // the Redis peer's route when LOADTEST_REDIS_PEER names a Redis, and the
-// claim statement's time in Server-Timing. The load test builds and starts it.
+// claim statement's time in Server-Timing, and a processor simulator that
+// takes LOADTEST_PROCESSOR_LATENCY (median) and LOADTEST_PROCESSOR_LATENCY_P99
+// to answer. The load test builds and starts it.
 package main
 
 import (
@@ -12,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -41,8 +44,13 @@ func run(ctx context.Context) error {
 		rdb = redis.NewClient(&redis.Options{Addr: addr})
 		defer rdb.Close()
 	}
-	return app.Serve(ctx, cfg, log, os.Getenv, app.Options{
-		Handler:    designs.Handler(rdb),
-		WrapTracer: designs.WrapTracer,
-	})
+	opts := app.Options{Handler: designs.Handler(rdb), WrapTracer: designs.WrapTracer}
+	for name, d := range map[string]*time.Duration{"LOADTEST_PROCESSOR_LATENCY": &opts.SimLatency, "LOADTEST_PROCESSOR_LATENCY_P99": &opts.SimLatencyP99} {
+		if v := os.Getenv(name); v != "" {
+			if *d, err = time.ParseDuration(v); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	}
+	return app.Serve(ctx, cfg, log, os.Getenv, opts)
 }

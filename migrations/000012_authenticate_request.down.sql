@@ -1,0 +1,3 @@
+BEGIN;
+DROP FUNCTION authenticate_request(bytea, text);
+COMMIT;
