@@ -42,4 +42,8 @@ GRANT CREATE ON SCHEMA public TO payments_definer;
 ALTER FUNCTION authenticate_request(bytea, text) OWNER TO payments_definer;
 REVOKE CREATE ON SCHEMA public FROM payments_definer;
 
+-- The function it replaces: the service authenticated with it in a round
+-- trip of its own, before the transaction.
+DROP FUNCTION authenticate_api_key(bytea);
+
 COMMIT;

@@ -191,8 +191,8 @@ func TestMaintenanceRoleSeesNoResponsesAndDeletesOnlyExpiredRows(t *testing.T) {
 	require.EqualValues(t, 1, tag.RowsAffected(), "only the expired row")
 }
 
-// The service role authenticates through authenticate_api_key and cannot read
-// keys or principals; it updates only the columns the service changes; it
+// The service role authenticates through authenticate_request, which sets
+// the tenant from the key, and cannot read keys or principals; it updates only the columns the service changes; it
 // adds quota claims only through add_idempotency_key_claims.
 func TestServiceRoleHasLeastPrivilege(t *testing.T) {
 	t.Parallel()
@@ -214,17 +214,36 @@ func TestServiceRoleHasLeastPrivilege(t *testing.T) {
 		requireRefused(t, tx, `SELECT count(*) FROM api_keys`)
 		requireRefused(t, tx, `SELECT count(*) FROM principals`)
 
-		var id uuid.UUID
-		require.NoError(t, tx.QueryRow(ctx, `SELECT key_id FROM authenticate_api_key(sha256('live'))`).Scan(&id))
-		require.Equal(t, live, id)
-		require.Zero(t, count(t, tx, `SELECT count(*) FROM authenticate_api_key(sha256('revoked'))`))
+		// refusedWith runs sql in a savepoint and returns its SQLSTATE.
+		refusedWith := func(sql string) string {
+			t.Helper()
+			sp, err := tx.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = sp.Rollback(ctx) }()
+			_, err = sp.Exec(ctx, sql)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr, sql)
+			return pgErr.Code
+		}
+		require.Equal(t, "PA401", refusedWith(`SELECT * FROM authenticate_request(sha256('revoked'), 'payments:read')`))
+		require.Equal(t, "PA403", refusedWith(`SELECT * FROM authenticate_request(sha256('live'), 'payments:write')`))
 		// A temporary table of the caller's cannot stand in for api_keys
 		// inside the SECURITY DEFINER function.
 		_, err := tx.Exec(ctx, `
 			CREATE TEMP TABLE api_keys (id uuid, principal_id uuid, secret_hash bytea, scopes text[], revoked_at timestamptz);
 			INSERT INTO pg_temp.api_keys VALUES (gen_random_uuid(), gen_random_uuid(), sha256('forged'), '{payments:write}', NULL);`)
 		require.NoError(t, err)
-		require.Zero(t, count(t, tx, `SELECT count(*) FROM authenticate_api_key(sha256('forged'))`))
+		require.Equal(t, "PA401", refusedWith(`SELECT * FROM authenticate_request(sha256('forged'), 'payments:write')`))
+
+		// A live key with the scope: its principal becomes the tenant.
+		_, err = tx.Exec(ctx, `SELECT set_config('app.principal_id', $1, true)`, b.String())
+		require.NoError(t, err)
+		var id, principal uuid.UUID
+		require.NoError(t, tx.QueryRow(ctx, `SELECT key_id, principal_id FROM authenticate_request(sha256('live'), 'payments:read')`).Scan(&id, &principal))
+		require.Equal(t, []uuid.UUID{live, a}, []uuid.UUID{id, principal})
+		var tenant string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('app.principal_id')`).Scan(&tenant))
+		require.Equal(t, a.String(), tenant, "the tenant is the key's principal, whatever was set before")
 
 		// What the service changes: the refunded amount, and the outcome the
 		// outbox worker records.
@@ -279,7 +298,7 @@ func TestDefinerFunctionsAreOwnedByARoleOfTheirOwn(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, map[string]string{
 		"add_idempotency_key_claims": "payments_definer",
-		"authenticate_api_key":       "payments_definer",
+		"authenticate_request":       "payments_definer",
 		"reconciliation_backlog":     "payments_definer",
 		"reconciliation_candidates":  "payments_definer",
 	}, owners)
