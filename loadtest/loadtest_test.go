@@ -29,7 +29,7 @@ func TestSmoke(t *testing.T) {
 	db := testdb.New(t, adminConns+apiConns+outboxConns+2+concurrency)
 	out := t.TempDir()
 	cfg, err := parseFlags([]string{
-		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-concurrency", strconv.Itoa(concurrency), "-principals", "3",
+		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-repeats", "2", "-compare-duration", "1s", "-concurrency", strconv.Itoa(concurrency), "-principals", "3",
 		"-db-max-conns", strconv.Itoa(apiConns), "-outbox-db-max-conns", strconv.Itoa(outboxConns), "-processor-latency", "20ms,60ms", "-database-url", db.AdminURL, "-out", out, "-take-over",
 	})
 	require.NoError(t, err)
@@ -87,13 +87,17 @@ func TestSmoke(t *testing.T) {
 		require.NotEmpty(t, res.Notes, "pgbench skipped without saying why")
 	} else {
 		require.Positive(t, res.PgbenchWithoutJobTPS)
+		require.Len(t, res.Comparisons, 3, "baseline, peer and pgbench")
+		for _, c := range res.Comparisons {
+			require.Len(t, c.Ratios, 2, "%s: one ratio per round", c.Name)
+		}
 	}
 
 	raw, err := os.ReadFile(filepath.Join(out, "results.json"))
 	require.NoError(t, err)
 	var fields map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
-	for _, k := range []string{"stages", "baseline_rps", "peer_redis_claim_rps", "ours_to_peer_ratio", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
+	for _, k := range []string{"stages", "comparisons", "baseline_rps", "peer_redis_claim_rps", "ours_to_peer_ratio", "idempotent_rps", "overhead_ratio", "pgbench_tps", "pgbench_without_job_tps", "service_to_pgbench_ratio",
 		"machine", "go_version", "postgres_version", "postgres_settings", "api_log_errors", "cpu_profile", "load_before", "cores", "noisy"} {
 		require.Contains(t, fields, k)
 	}
@@ -229,4 +233,21 @@ func TestParseLatency(t *testing.T) {
 		_, _, err := parseLatency(bad)
 		require.Error(t, err, bad)
 	}
+}
+
+// A ratio whose rounds straddle its target is unresolved, not met or missed.
+func TestComparisonVerdict(t *testing.T) {
+	t.Parallel()
+	c := Comparison{Name: "x", Target: 0.85}
+	c.add(90, 100)
+	require.Equal(t, "met", c.Verdict)
+	c.add(80, 100)
+	require.Equal(t, "unresolved", c.Verdict)
+	c.add(70, 100)
+	require.Equal(t, []float64{0.8, 0.7, 0.9}, []float64{c.Median, c.Min, c.Max})
+	m := Comparison{Name: "y", Target: 0.85}
+	m.add(50, 100)
+	m.add(60, 100)
+	require.Equal(t, "missed", m.Verdict)
+	require.InDelta(t, 0.55, m.Median, 1e-9, "the median of an even count is the mean of the middle two")
 }

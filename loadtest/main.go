@@ -52,33 +52,35 @@ func main() {
 
 // config is every knob of a run.
 type config struct {
-	sizes           []int64
-	duration        time.Duration
-	warmup          time.Duration
-	concurrency     int
-	rate            float64 // requests per second across all workers; 0 = closed loop
-	replayFraction  float64
-	principals      int
-	out             string
-	databaseURL     string // a superuser (bulk load bypasses row-level security)
-	appDatabaseURL  string // the service role; derived from databaseURL when empty
-	maintenanceURL  string // derived from databaseURL when empty
-	apiURL          string // target this API instead of starting one
-	baseline        bool
-	redisPeer       string // Redis for the peer design; "" skips it
-	takeOver        bool   // own and empty a database the load test did not create
-	pgbench         bool
-	pgbenchDuration time.Duration
-	responseBytes   int    // size of the bulk-loaded rows' stored responses
-	metricsAddr     string // the started API's metrics and pprof listener
-	dbMaxConns      int    // the started API's DB_MAX_CONNS
-	replot          string // redraw this directory's report from its results.json
-	profile         bool   // capture the started API's CPU profile in the first stage
+	sizes          []int64
+	duration       time.Duration
+	warmup         time.Duration
+	concurrency    int
+	rate           float64 // requests per second across all workers; 0 = closed loop
+	replayFraction float64
+	principals     int
+	out            string
+	databaseURL    string // a superuser (bulk load bypasses row-level security)
+	appDatabaseURL string // the service role; derived from databaseURL when empty
+	maintenanceURL string // derived from databaseURL when empty
+	apiURL         string // target this API instead of starting one
+	baseline       bool
+	redisPeer      string // Redis for the peer design; "" skips it
+	takeOver       bool   // own and empty a database the load test did not create
+	pgbench        bool
+	responseBytes  int    // size of the bulk-loaded rows' stored responses
+	metricsAddr    string // the started API's metrics and pprof listener
+	dbMaxConns     int    // the started API's DB_MAX_CONNS
+	replot         string // redraw this directory's report from its results.json
+	profile        bool   // capture the started API's CPU profile in the first stage
 	// The started API's processor: median and p99 latency (p99 0: fixed).
 	processorLatency, processorLatencyP99 time.Duration
 	drain                                 time.Duration // longest wait for the outbox to empty after a run
 	outboxWorkers                         int           // the started API's OUTBOX_WORKERS
 	outboxConns                           int           // the started API's OUTBOX_DB_MAX_CONNS
+	walCompression                        []string      // per stage, cycling: the server's wal_compression ("" leaves it)
+	repeats                               int           // interleaved rounds of the design comparisons
+	compareDuration                       time.Duration // each design's run in a round
 }
 
 // adminConns is the load test's own pool: one connection loads, one reads
@@ -106,17 +108,29 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.takeOver, "take-over", false, "let the load test own and empty a database it did not create")
 	fs.StringVar(&c.redisPeer, "redis-peer", "127.0.0.1:6379", "also measure the peer design, keys claimed in this Redis (loopback only; \"\" skips it)")
 	fs.BoolVar(&c.pgbench, "pgbench", true, "also run pgbench with the service's SQL, if pgbench is installed")
-	fs.DurationVar(&c.pgbenchDuration, "pgbench-duration", 0, "pgbench run length (default: -duration)")
 	fs.IntVar(&c.responseBytes, "response-bytes", 250, "stored response size of bulk-loaded rows")
 	fs.IntVar(&c.dbMaxConns, "db-max-conns", 0, "DB_MAX_CONNS of the API it starts (default: the larger of 32 and twice -concurrency)")
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "off", "metrics and pprof listener of the API it starts, e.g. 127.0.0.1:6060 (with -profile, a free loopback port when off)")
 	fs.BoolVar(&c.profile, "profile", true, "capture the API's CPU profile during the first stage (cpu.pprof; where the CPU goes in report.md)")
 	latency := fs.String("processor-latency", "300ms", "the started API's processor latency: `MEDIAN[,P99]` (log-normal with that tail), e.g. 300ms or 300ms,800ms; 0 answers at once")
 	fs.IntVar(&c.outboxWorkers, "outbox-workers", 200, "OUTBOX_WORKERS of the API it starts (the service's default)")
-	fs.IntVar(&c.outboxConns, "outbox-db-max-conns", 8, "OUTBOX_DB_MAX_CONNS of the API it starts (the service's default)")
+	fs.IntVar(&c.outboxConns, "outbox-db-max-conns", 32, "OUTBOX_DB_MAX_CONNS of the API it starts (the service's default)")
+	walCompression := fs.String("wal-compression", "", "set the server's wal_compression per stage, cycling through the list (e.g. off,lz4 with -sizes 10000000,10000000,10000000,10000000), with ALTER SYSTEM and a reload, reset at the end; empty leaves the server alone")
+	fs.IntVar(&c.repeats, "repeats", 3, "interleaved rounds of ours, baseline, peer and pgbench at the first stage's size, for the ratios' median and range")
+	fs.DurationVar(&c.compareDuration, "compare-duration", 0, "each design's run in a round (default: -duration / 3, at least 3s)")
 	fs.DurationVar(&c.drain, "drain", time.Minute, "longest wait for the outbox to finish a run's charges; what is left is reported")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
+	}
+	if *walCompression != "" {
+		for _, v := range strings.Split(*walCompression, ",") {
+			switch v = strings.TrimSpace(v); v {
+			case "off", "on", "pglz", "lz4", "zstd":
+				c.walCompression = append(c.walCompression, v)
+			default:
+				return config{}, fmt.Errorf("-wal-compression: %q is not off, on, pglz, lz4 or zstd", v)
+			}
+		}
 	}
 	var err error
 	if c.processorLatency, c.processorLatencyP99, err = parseLatency(*latency); err != nil {
@@ -135,8 +149,11 @@ func parseFlags(args []string) (config, error) {
 	if c.concurrency < 1 || c.principals < 1 || c.duration <= 0 || c.replayFraction < 0 || c.replayFraction >= 1 {
 		return config{}, fmt.Errorf("invalid -concurrency, -principals, -duration or -replay-fraction")
 	}
-	if c.pgbenchDuration == 0 {
-		c.pgbenchDuration = c.duration
+	if c.compareDuration == 0 {
+		c.compareDuration = max(3*time.Second, c.duration/3)
+	}
+	if c.repeats < 1 {
+		return config{}, fmt.Errorf("-repeats must be at least 1")
 	}
 	if c.dbMaxConns == 0 {
 		c.dbMaxConns = max(32, 2*c.concurrency)

@@ -168,6 +168,9 @@ func report(res *Results) string {
 		if s.WALBytesPerRequest > 0 {
 			wal, replayWAL = fmt.Sprintf("%.0f B", s.WALBytesPerRequest), fmt.Sprintf("%.0f B", s.ReplayWALBytesPerRequest)
 		}
+		if s.WALCompression != "" {
+			wal += " (wal_compression " + s.WALCompression + ")"
+		}
 		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %s | %.0f | %.2f ms | %.2f ms | %s | **%.2f** | **%.2f** |\n", humanCount(s.TableRows), s.Updates, s.HotUpdates, 100*s.HotRatio,
 			wal, s.ReplayOnlyRPS, s.ReplayOnlyP50, s.ReplayOnlyP99, replayWAL, s.ReplayToNewRPS, s.ReplayToNewP99)
 	}
@@ -177,21 +180,40 @@ func report(res *Results) string {
 	}
 	b.WriteString("\n## Overhead, measured side by side\n\n")
 	if res.Noisy {
-		fmt.Fprintf(&b, "**Not findings: the machine was busy with other work when the run began (load average %.1f on %d cores), so the ratios below, measured minutes apart, are noise.** Run it again on a quiet machine.\n\n", res.LoadBefore, res.Cores)
+		fmt.Fprintf(&b, "**Not findings: the machine was busy with other work when the run began (load average %.1f on %d cores).** Run it again on a quiet machine.\n\n", res.LoadBefore, res.Cores)
 	} else if res.Cores > 0 {
-		fmt.Fprintf(&b, "The machine was quiet when the run began (load average %.1f on %d cores). Each ratio is one pair of runs, minutes apart, on a machine that the load generator, the API and PostgreSQL share: read them as this run's, not as constants.\n\n", res.LoadBefore, res.Cores)
+		fmt.Fprintf(&b, "The machine was quiet when the run began (load average %.1f on %d cores); the load generator, the API and PostgreSQL share it.\n\n", res.LoadBefore, res.Cores)
 	}
-	b.WriteString("| | req/s | ratio |\n|---|---:|---:|\n")
-	fmt.Fprintf(&b, "| idempotent payment (first stage) | %.0f | |\n", res.IdempotentRPS)
-	if res.BaselineRPS > 0 {
-		fmt.Fprintf(&b, "| same payment without idempotency | %.0f | idempotent/baseline = **%.2f** |\n", res.BaselineRPS, res.OverheadRatio)
-	}
-	if res.PeerRPS > 0 {
-		fmt.Fprintf(&b, "| peer: the same payment, key claimed in Redis | %.0f | ours/peer = **%.2f** (what it buys: docs/lab.md rows 3 and 5) |\n", res.PeerRPS, res.OursToPeer)
-	}
-	if res.PgbenchTPS > 0 {
-		fmt.Fprintf(&b, "| pgbench, the service's SQL | %.0f | service/pgbench = **%.2f** |\n", res.PgbenchTPS, res.ServiceToPgbenchRatio)
-		fmt.Fprintf(&b, "| pgbench, the same SQL without the outbox job | %.0f | with job/without = **%.2f** |\n", res.PgbenchWithoutJobTPS, res.PgbenchTPS/res.PgbenchWithoutJobTPS)
+	if len(res.Comparisons) > 0 {
+		fmt.Fprintf(&b, "At the first stage's size, in %s interleaved rounds of %s per design (ours, then each other design, round after round). A ratio is met or missed only when every round is on the same side of its target; otherwise it is unresolved.\n\n",
+			orDefault(res.Settings["repeats"], "?"), orDefault(res.Settings["compare_duration"], "?"))
+		b.WriteString("| ratio | median | range | per round (ours / theirs) | target |\n|---|---:|---:|---|---|\n")
+		for _, c := range res.Comparisons {
+			var rounds []string
+			for i := range c.Ratios {
+				rounds = append(rounds, fmt.Sprintf("%.0f / %.0f", c.Ours[i], c.Theirs[i]))
+			}
+			target := ""
+			if c.Target > 0 {
+				target = fmt.Sprintf("%.2f: **%s**", c.Target, c.Verdict)
+			}
+			fmt.Fprintf(&b, "| %s | **%.2f** | %.2f-%.2f | %s | %s |\n", c.Name, c.Median, c.Min, c.Max, strings.Join(rounds, ", "), target)
+		}
+		if res.PgbenchWithoutJobTPS > 0 {
+			fmt.Fprintf(&b, "\npgbench, the same SQL without the outbox job: %.0f tps (median), so the job costs the database %.0f %% of that write's throughput.\n", res.PgbenchWithoutJobTPS, 100*(1-res.PgbenchTPS/res.PgbenchWithoutJobTPS))
+		}
+	} else {
+		b.WriteString("| | req/s | ratio |\n|---|---:|---:|\n")
+		fmt.Fprintf(&b, "| idempotent payment (first stage) | %.0f | |\n", res.IdempotentRPS)
+		if res.BaselineRPS > 0 {
+			fmt.Fprintf(&b, "| same payment without idempotency | %.0f | idempotent/baseline = **%.2f** |\n", res.BaselineRPS, res.OverheadRatio)
+		}
+		if res.PeerRPS > 0 {
+			fmt.Fprintf(&b, "| peer: the same payment, key claimed in Redis | %.0f | ours/peer = **%.2f** |\n", res.PeerRPS, res.OursToPeer)
+		}
+		if res.PgbenchTPS > 0 {
+			fmt.Fprintf(&b, "| pgbench, the service's SQL | %.0f | service/pgbench = **%.2f** |\n", res.PgbenchTPS, res.ServiceToPgbenchRatio)
+		}
 	}
 	for _, n := range res.Notes {
 		fmt.Fprintf(&b, "\nNote: %s\n", n)
@@ -373,6 +395,7 @@ func (c config) describe() map[string]string {
 		"concurrency": strconv.Itoa(c.concurrency), "rate": strconv.FormatFloat(c.rate, 'f', -1, 64),
 		"replay_fraction": strconv.FormatFloat(c.replayFraction, 'f', -1, 64), "principals": strconv.Itoa(c.principals),
 		"processor_latency": c.processorLatency.String(), "processor_latency_p99": c.processorLatencyP99.String(), "drain": c.drain.String(), "outbox_workers": strconv.Itoa(c.outboxWorkers),
+		"repeats": strconv.Itoa(c.repeats), "compare_duration": c.compareDuration.String(),
 	}
 }
 

@@ -80,16 +80,22 @@ type Stage struct {
 	// disk and the replicas.
 	WALBytesPerRequest       float64 `json:"wal_bytes_per_request"`
 	ReplayWALBytesPerRequest float64 `json:"replay_wal_bytes_per_request"`
+	// WALCompression is the server's wal_compression during the stage.
+	WALCompression string `json:"wal_compression,omitempty"`
 }
 
 // Results is results.json.
 type Results struct {
-	Stages        []Stage `json:"stages"`
-	BaselineRPS   float64 `json:"baseline_rps"`
-	BaselineP99   float64 `json:"baseline_request_p99_ms"`
-	IdempotentRPS float64 `json:"idempotent_rps"`
-	OverheadRatio float64 `json:"overhead_ratio"`
-	PgbenchTPS    float64 `json:"pgbench_tps"`
+	Stages []Stage `json:"stages"`
+	// Comparisons are the ratios of ours to the other designs, measured
+	// in interleaved rounds at the first stage's size (compare.go). The
+	// single figures below are their medians.
+	Comparisons   []Comparison `json:"comparisons"`
+	BaselineRPS   float64      `json:"baseline_rps"`
+	BaselineP99   float64      `json:"baseline_request_p99_ms"`
+	IdempotentRPS float64      `json:"idempotent_rps"`
+	OverheadRatio float64      `json:"overhead_ratio"`
+	PgbenchTPS    float64      `json:"pgbench_tps"`
 	// PgbenchWithoutJobTPS is the same SQL without the outbox job's insert:
 	// PgbenchTPS/PgbenchWithoutJobTPS is what the outbox costs the database.
 	PgbenchWithoutJobTPS  float64           `json:"pgbench_without_job_tps"`
@@ -207,8 +213,23 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return drainOrNote(label)
 	}
 
+	if len(cfg.walCompression) > 0 {
+		defer func() {
+			if err := setWALCompression(context.WithoutCancel(ctx), admin, ""); err != nil {
+				fmt.Fprintln(progress, "reset wal_compression:", err)
+			}
+		}()
+	}
 	for i, size := range cfg.sizes {
 		label := fmt.Sprintf("stage %d/%d, %s rows", i+1, len(cfg.sizes), humanCount(size))
+		var walCompression string
+		if n := len(cfg.walCompression); n > 0 {
+			walCompression = cfg.walCompression[i%n]
+			if err := setWALCompression(ctx, admin, walCompression); err != nil {
+				return nil, err
+			}
+			label += ", wal_compression " + walCompression
+		}
 		start := time.Now()
 		if err := load.fillTo(ctx, size, progress, label); err != nil {
 			return nil, err
@@ -271,6 +292,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		// its end.
 		st.TableRowsEnd, st.TableRows = st.TableRows, startRows
 		st.LoadSeconds = loadSeconds
+		st.WALCompression = walCompression
 		m.fill(&st, cfg.duration)
 		if st.Requests > 0 {
 			st.WALBytesPerRequest = float64(walAfter-walBefore) / float64(st.Requests)
@@ -327,55 +349,8 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if i > 0 {
 			continue
 		}
-		// Side by side with the first stage: the same write without
-		// idempotency, and the same SQL from pgbench.
-		res.IdempotentRPS = st.RPS
-		if cfg.baseline {
-			if err := warmUp(designs.BaselinePath, "baseline warm-up"); err != nil {
-				return nil, err
-			}
-			b := driver.run(ctx, designs.BaselinePath, 0, cfg.duration, progress, "baseline (no idempotency)")
-			var bs Stage
-			b.fill(&bs, cfg.duration)
-			if bs.Requests == 0 || len(bs.Errors) > 0 {
-				return nil, fmt.Errorf("baseline failed (%v): the API at -api-url must be the load test's server (loadtest/server), or pass -baseline=false", bs.Errors)
-			}
-			res.BaselineRPS, res.BaselineP99 = bs.RPS, bs.RequestP99
-			res.OverheadRatio = res.IdempotentRPS / res.BaselineRPS
-			fmt.Fprintf(progress, "\rbaseline (no idempotency): %.0f req/s, p99 %.2f ms; idempotent/baseline = %.2f%20s\n", bs.RPS, bs.RequestP99, res.OverheadRatio, "")
-		}
-		if cfg.redisPeer != "" {
-			if err := warmUp(designs.PeerPath, "peer warm-up"); err != nil {
-				return nil, err
-			}
-			p := driver.run(ctx, designs.PeerPath, cfg.replayFraction, cfg.duration, progress, "peer (claim in Redis)")
-			var ps Stage
-			p.fill(&ps, cfg.duration)
-			if ps.Requests == 0 || len(ps.Errors) > 0 {
-				return nil, fmt.Errorf("peer failed (%v): is Redis at %s? (-redis-peer \"\" skips the peer)", ps.Errors, cfg.redisPeer)
-			}
-			res.PeerRPS, res.PeerP99 = ps.RPS, ps.RequestP99
-			res.OursToPeer = res.IdempotentRPS / res.PeerRPS
-			fmt.Fprintf(progress, "\rpeer (claim in Redis): %.0f req/s, p99 %.2f ms; ours/peer = %.2f%20s\n", ps.RPS, ps.RequestP99, res.OursToPeer, "")
-		}
-		if cfg.pgbench {
-			// pgbench measures the database alone: first let the outbox
-			// workers finish charging what the stages created.
-			if err := drainOrNote("the peer"); err != nil {
-				return nil, err
-			}
-			without, with, note, err := runPgbench(ctx, cfg, clients, progress)
-			if err != nil {
-				return nil, err
-			}
-			if note != "" {
-				res.Notes = append(res.Notes, note)
-			} else {
-				res.PgbenchTPS, res.PgbenchWithoutJobTPS = with, without
-				res.ServiceToPgbenchRatio = res.IdempotentRPS / with
-				fmt.Fprintf(progress, "pgbench (same SQL, %d clients): %.0f tps with the outbox job, %.0f without; service/pgbench = %.2f\n",
-					cfg.concurrency, with, without, res.ServiceToPgbenchRatio)
-			}
+		if err := compareDesigns(ctx, cfg, res, driver, clients, warmUp, drainOrNote, progress); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.apiURL == "" {
@@ -403,6 +378,23 @@ func loadAverage() (float64, error) {
 	}
 	first, _, _ := strings.Cut(string(raw), " ")
 	return strconv.ParseFloat(first, 64)
+}
+
+// setWALCompression sets the server's wal_compression (ALTER SYSTEM, then a
+// reload, which every session picks up), or resets it when v is empty. A
+// checkpoint follows, so that the stage starts, like every stage, with
+// every page's next change paying a full-page image.
+func setWALCompression(ctx context.Context, admin *pgxpool.Pool, v string) error {
+	stmt := `ALTER SYSTEM RESET wal_compression`
+	if v != "" {
+		stmt = `ALTER SYSTEM SET wal_compression = '` + v + `'` // v is one of the values parseFlags allows
+	}
+	for _, q := range []string{stmt, `SELECT pg_reload_conf()`, `CHECKPOINT`} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			return fmt.Errorf("wal_compression %q: %s: %w", v, q, err)
+		}
+	}
+	return nil
 }
 
 // walPosition is the server's WAL insert position in bytes.

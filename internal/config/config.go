@@ -157,7 +157,7 @@ func Defaults() Config {
 		DBIdleInTxTimeout:      10 * time.Second,
 		ProcessorTimeout:       10 * time.Second,
 		OutboxWorkers:          200,
-		OutboxDBMaxConns:       8,
+		OutboxDBMaxConns:       32,
 		OutboxJobTimeout:       30 * time.Second,
 		OutboxRescueAfter:      2 * time.Minute,
 		OutboxMaxAttempts:      15,

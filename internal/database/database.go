@@ -223,6 +223,27 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 	return nil
 }
 
+// InTenantBatch sends the statements fn queues, behind the one that sets
+// principal as the tenant, in one round trip. A batch sent outside a
+// transaction is one implicit transaction: the tenant holds for the batch's
+// statements and for nothing after it, and the statements commit together
+// or not at all. It suits work whose statements do not depend on each
+// other's results, such as an outbox job's read, or the answer it records
+// with the job's completion. Whether a batch whose connection was lost had
+// committed is unknown: only a caller that can repeat it safely (a job,
+// which is retried) may use it for writes.
+func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func(b *pgx.Batch)) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('app.principal_id', $1, true)`, principal.String())
+	fn(b)
+	return Classify(conn.SendBatch(ctx, b).Close())
+}
+
 // classifyCommit tells a COMMIT that certainly did not happen from one whose
 // outcome is unknown. An ERROR from the server (a deferred constraint, a
 // serialization failure) or ROLLBACK for a transaction that had failed is

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
@@ -189,15 +190,23 @@ func StartWhenReachable(ctx context.Context, client *Client, onErr func(error)) 
 // Effect is a worker's part of Perform: its own SQL and its one external
 // call. R is the row the job acts on (a payment, a refund).
 type Effect[R any] struct {
-	// Load reads the row in the job's tenant; pending is false once the row
+	// Load queues the read of the row, in the job's tenant, into *row.
+	Load func(b *pgx.Batch, row *R)
+	// Pending reports whether the row still waits for its answer; once it
 	// is decided (an earlier run recorded the answer, or the reconciler
-	// did), and then there is nothing to do.
-	Load func(ctx context.Context, tx pgx.Tx) (row R, pending bool, err error)
+	// did) there is nothing to do.
+	Pending func(row R) bool
 	// Call makes the external call for row, with the row's stable key, and
-	// returns how to record its answer; an error means the outcome is
-	// unknown and the job is retried. last says it is the last attempt.
-	Call func(ctx context.Context, row R, last bool) (record func(ctx context.Context, tx pgx.Tx) error, err error)
+	// returns how to record its answer: statements to queue, which commit
+	// with the job's completion. An error means the outcome is unknown and
+	// the job is retried. last says it is the last attempt.
+	Call func(ctx context.Context, row R, last bool) (record func(b *pgx.Batch), err error)
 }
+
+// completeSQL marks a running job completed, as River's JobCompleteTx does,
+// as a statement that can travel in the batch recording the job's answer.
+// River's own completion of the job, after Work returns, then finds it done.
+const completeSQL = `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = $1 AND state = 'running'`
 
 // Perform runs one attempt of a job that carries an external effect, the
 // same way for every kind: read the row, call outside any transaction (a
@@ -206,30 +215,34 @@ type Effect[R any] struct {
 // that transaction commits leaves the job to run again, and the repeated
 // call, with the same key, is answered from the processor's record; a crash
 // after it leaves nothing to do.
+//
+// The read and the record are one round trip each (database.InTenantBatch):
+// a worker mostly waits for the processor, so what it costs the machine is
+// its round trips, and a busy outbox shares the CPU with the requests.
 func Perform[A river.JobArgs, R any](ctx context.Context, pool *database.Pool, principal uuid.UUID, job *river.Job[A], e Effect[R]) error {
 	var row R
-	var pending bool
-	err := database.InTenantTx(ctx, pool, principal, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) (err error) {
-		row, pending, err = e.Load(ctx, tx)
-		return err
-	})
+	err := database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) { e.Load(b, &row) })
 	if err != nil {
 		return fmt.Errorf("%s job %d: read its row: %w", job.Kind, job.ID, err)
 	}
-	if !pending {
+	if !e.Pending(row) {
 		return nil // a run that died after recording the answer, rescued; or reconciled
 	}
 	record, err := e.Call(ctx, row, LastAttempt(job.JobRow))
 	if err != nil {
 		return err // River retries with backoff
 	}
-	return database.InTenantTx(ctx, pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
-		if err := record(ctx, tx); err != nil {
-			return err
-		}
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
-			return fmt.Errorf("complete %s job %d: %w", job.Kind, job.ID, err)
-		}
-		return nil
+	err = database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) {
+		record(b)
+		b.Queue(completeSQL, job.ID).Exec(func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("complete %s job %d: it is no longer running", job.Kind, job.ID)
+			}
+			return nil
+		})
 	})
+	if err != nil {
+		return fmt.Errorf("%s job %d: record its answer: %w", job.Kind, job.ID, err)
+	}
+	return nil
 }

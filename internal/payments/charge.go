@@ -35,20 +35,15 @@ type ChargeWorker struct {
 // Work runs one attempt.
 func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) error {
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Payment]{
-		Load: func(ctx context.Context, tx pgx.Tx) (Payment, bool, error) {
-			p, err := Get(ctx, tx, job.Args.PaymentID)
-			return p, p.Status == StatusProcessing, err
-		},
-		Call: func(ctx context.Context, p Payment, last bool) (func(context.Context, pgx.Tx) error, error) {
+		Load:    func(b *pgx.Batch, p *Payment) { QueueGet(b, job.Args.PaymentID, p) },
+		Pending: func(p Payment) bool { return p.Status == StatusProcessing },
+		Call: func(ctx context.Context, p Payment, last bool) (func(*pgx.Batch), error) {
 			res, err := w.Processor.Charge(ctx, processor.Charge{Key: p.ID.String(), Amount: p.Amount, Currency: p.Currency})
 			status, reason := Decision(err, last)
 			if status == "" {
 				return nil, fmt.Errorf("charge payment %s: %w", p.ID, err)
 			}
-			return func(ctx context.Context, tx pgx.Tx) error {
-				_, err := Settle(ctx, tx, p.ID, status, reason, res.ID)
-				return err
-			}, nil
+			return func(b *pgx.Batch) { QueueSettle(b, p.ID, status, reason, res.ID) }, nil
 		},
 	})
 }

@@ -164,12 +164,26 @@ func GetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Payment, error)
 	return get(ctx, tx, id, " FOR UPDATE")
 }
 
+const getSQL = `
+	SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
+	FROM payments WHERE id = $1`
+
 func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Payment, error) {
+	return scanOne(db.QueryRow(ctx, getSQL+lock, id))
+}
+
+// QueueGet is Get queued on b: *p is the payment once b has run, and b
+// fails with ErrNotFound when there is none.
+func QueueGet(b *pgx.Batch, id uuid.UUID, p *Payment) {
+	b.Queue(getSQL, id).QueryRow(func(row pgx.Row) (err error) {
+		*p, err = scanOne(row)
+		return err
+	})
+}
+
+func scanOne(row pgx.Row) (Payment, error) {
 	var p Payment
-	err := db.QueryRow(ctx, `
-		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
-		FROM payments WHERE id = $1`+lock, id).
-		Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt)
+	err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
 	}
@@ -212,39 +226,34 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 // the row: false when the payment was already decided, by an earlier run of
 // the job or by the reconciler, whose answer stands.
 func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, status string, reason *string, processorID string) (bool, error) {
-	tag, err := tx.Exec(ctx, `
-		UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
-		WHERE id = $1 AND status IN ('processing', 'requires_reconciliation') AND status <> $2`,
-		id, status, reason, processorID)
+	tag, err := tx.Exec(ctx, settleSQL, id, status, reason, processorID)
 	if err != nil {
 		return false, fmt.Errorf("settle payment %s: %w", id, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
+// QueueSettle is Settle queued on b, for the outbox worker, which records
+// the answer in one round trip with its job's completion.
+func QueueSettle(b *pgx.Batch, id uuid.UUID, status string, reason *string, processorID string) {
+	b.Queue(settleSQL, id, status, reason, processorID)
+}
+
+const settleSQL = `
+	UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
+	WHERE id = $1 AND status IN ('processing', 'requires_reconciliation') AND status <> $2`
+
 // addRefundedSQL adds $2 to what payment $1 has refunded. The table's CHECK
 // refuses a total above the payment's amount or below zero.
 const addRefundedSQL = `UPDATE payments SET amount_refunded = amount_refunded + $2 WHERE id = $1`
 
-// AddRefunded records amount more as refunded on the payment (less, for a
-// negative amount: a failed refund gives its amount back).
-func AddRefunded(ctx context.Context, tx pgx.Tx, id uuid.UUID, amount int64) error {
-	tag, err := tx.Exec(ctx, addRefundedSQL, id, amount)
-	if err != nil {
-		return fmt.Errorf("add refunded amount: %w", err)
-	}
-	return refundedRow(tag)
-}
-
-// QueueAddRefunded is AddRefunded queued on b, for a refund whose other
-// writes travel in the same round trip.
+// QueueAddRefunded records, on b, amount more as refunded on the payment.
+// b fails with ErrNotFound when there is no such payment.
 func QueueAddRefunded(b *pgx.Batch, id uuid.UUID, amount int64) {
-	b.Queue(addRefundedSQL, id, amount).Exec(refundedRow)
-}
-
-func refundedRow(tag pgconn.CommandTag) error {
-	if tag.RowsAffected() != 1 {
-		return ErrNotFound
-	}
-	return nil
+	b.Queue(addRefundedSQL, id, amount).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != 1 {
+			return ErrNotFound
+		}
+		return nil
+	})
 }

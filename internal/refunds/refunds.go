@@ -155,22 +155,44 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, p
 // Settle records the processor's answer for a refund not yet decided
 // (pending, or waiting for reconciliation) and reports whether it changed the
 // row. A refund that failed gives its amount back to the payment, once: only
-// the transaction that moves it to failed does. A refund waiting for
+// the statement that moves it to failed does. A refund waiting for
 // reconciliation keeps its amount counted, since the money may have moved.
 func Settle(ctx context.Context, tx pgx.Tx, r Refund, status string, reason *string, processorID string) (bool, error) {
-	tag, err := tx.Exec(ctx, `
-		UPDATE refunds SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
-		WHERE id = $1 AND status IN ('pending', 'requires_reconciliation') AND status <> $2`,
-		r.ID, status, reason, processorID)
-	if err != nil {
+	var changed bool
+	if err := tx.QueryRow(ctx, settleSQL, r.ID, status, reason, processorID).Scan(&changed); err != nil {
 		return false, fmt.Errorf("settle refund %s: %w", r.ID, err)
 	}
-	if tag.RowsAffected() == 1 && status == StatusFailed {
-		if err := payments.AddRefunded(ctx, tx, r.PaymentID, -r.Amount); err != nil {
-			return false, fmt.Errorf("give back failed refund %s: %w", r.ID, err)
+	return changed, nil
+}
+
+// QueueSettle is Settle queued on b, for the outbox worker, which records
+// the answer in one round trip with its job's completion.
+func QueueSettle(b *pgx.Batch, r Refund, status string, reason *string, processorID string) {
+	b.Queue(settleSQL, r.ID, status, reason, processorID)
+}
+
+// settleSQL moves the refund and, when it moved it to failed, gives its
+// amount back to its payment: one statement, so that the two cannot part.
+const settleSQL = `
+	WITH settled AS (
+		UPDATE refunds SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
+		WHERE id = $1 AND status IN ('pending', 'requires_reconciliation') AND status <> $2
+		RETURNING payment_id, amount, status),
+	given_back AS (
+		UPDATE payments p SET amount_refunded = p.amount_refunded - s.amount
+		FROM settled s WHERE p.id = s.payment_id AND s.status = 'failed')
+	SELECT EXISTS (SELECT FROM settled)`
+
+// QueueGet is Get queued on b: *r is the refund once b has run, and b fails
+// with ErrNotFound when there is none.
+func QueueGet(b *pgx.Batch, id uuid.UUID, r *Refund) {
+	b.Queue(`SELECT `+columns+` FROM refunds WHERE id = $1`, id).QueryRow(func(row pgx.Row) (err error) {
+		*r, err = scan(row)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
 		}
-	}
-	return tag.RowsAffected() == 1, nil
+		return err
+	})
 }
 
 const columns = `id, payment_id, amount, currency, reason, status, failure_reason, livemode, created_at`

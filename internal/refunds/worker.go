@@ -37,11 +37,9 @@ type Worker struct {
 // Work runs one attempt.
 func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Refund]{
-		Load: func(ctx context.Context, tx pgx.Tx) (Refund, bool, error) {
-			r, err := Get(ctx, tx, job.Args.RefundID)
-			return r, r.Status == StatusPending, err
-		},
-		Call: func(ctx context.Context, r Refund, last bool) (func(context.Context, pgx.Tx) error, error) {
+		Load:    func(b *pgx.Batch, r *Refund) { QueueGet(b, job.Args.RefundID, r) },
+		Pending: func(r Refund) bool { return r.Status == StatusPending },
+		Call: func(ctx context.Context, r Refund, last bool) (func(*pgx.Batch), error) {
 			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ID.String(), ChargeKey: r.PaymentID.String(), Amount: r.Amount, Currency: r.Currency})
 			// The decided statuses are the same words for refunds and
 			// payments (succeeded, failed, requires_reconciliation).
@@ -49,10 +47,7 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 			if status == "" {
 				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
 			}
-			return func(ctx context.Context, tx pgx.Tx) error {
-				_, err := Settle(ctx, tx, r, status, reason, res.ID)
-				return err
-			}, nil
+			return func(b *pgx.Batch) { QueueSettle(b, r, status, reason, res.ID) }, nil
 		},
 	})
 }
