@@ -75,6 +75,10 @@ func TestSmoke(t *testing.T) {
 		require.Positive(t, s.ReplayOnlyRPS, "the replays-alone run ran")
 		require.Positive(t, s.ReplayToNewRPS)
 		require.Positive(t, s.WALBytesPerRequest, "new payments write WAL")
+		require.Positive(t, s.CPUPerRequestMs, "the API's CPU per request was read from its metrics")
+		require.Positive(t, s.AllocsPerRequest)
+		require.Positive(t, s.ReplayCPUPerRequestMs)
+		require.Positive(t, s.ReplayAllocsPerRequest)
 	}
 	require.NotNil(t, res.CPUProfile, "notes: %v", res.Notes)
 	require.Positive(t, res.CPUProfile.CPUSeconds)

@@ -174,6 +174,14 @@ func report(res *Results) string {
 		fmt.Fprintf(&b, "| %s | %d | %d | %.1f %% | %s | %.0f | %.2f ms | %.2f ms | %s | **%.2f** | **%.2f** |\n", humanCount(s.TableRows), s.Updates, s.HotUpdates, 100*s.HotRatio,
 			wal, s.ReplayOnlyRPS, s.ReplayOnlyP50, s.ReplayOnlyP99, replayWAL, s.ReplayToNewRPS, s.ReplayToNewP99)
 	}
+	if len(res.Stages) > 0 && res.Stages[0].CPUPerRequestMs > 0 {
+		b.WriteString("\n## What a request costs\n\nFigures that do not depend on how busy the machine was: the API process's CPU (`process_cpu_seconds_total`) and heap allocations (`go_memstats_mallocs_total`) per request, and the WAL the database wrote per request, over each run. A new payment's figures include its share of the outbox workers, which charge in the same process during the run; a replay's do not (no charge follows it). Round trips per request are counted by `TestRoundTripsPerRequest` (internal/httpapi).\n\n")
+		b.WriteString("| table rows | new payment: API CPU | allocations | WAL | replay: API CPU | allocations | WAL |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, s := range res.Stages {
+			fmt.Fprintf(&b, "| %s | %.3f ms | %.0f | %.0f B | %.3f ms | %.0f | %.0f B |\n", humanCount(s.TableRows), s.CPUPerRequestMs, s.AllocsPerRequest, s.WALBytesPerRequest,
+				s.ReplayCPUPerRequestMs, s.ReplayAllocsPerRequest, s.ReplayWALBytesPerRequest)
+		}
+	}
 	if n := len(res.Stages); n > 1 && res.Stages[0].ClaimP99 > 0 {
 		fmt.Fprintf(&b, "\nClaim p99 at %s rows is %.2fx claim p99 at %s rows.\n", humanCount(res.Stages[n-1].TableRows),
 			res.Stages[n-1].ClaimP99/res.Stages[0].ClaimP99, humanCount(res.Stages[0].TableRows))

@@ -82,6 +82,14 @@ type Stage struct {
 	ReplayWALBytesPerRequest float64 `json:"replay_wal_bytes_per_request"`
 	// WALCompression is the server's wal_compression during the stage.
 	WALCompression string `json:"wal_compression,omitempty"`
+	// What each request cost the API process (when the load test started
+	// it): CPU milliseconds and heap allocations, over the measured run
+	// (new payments, with the outbox workers charging them in the same
+	// process) and over the replays-alone run.
+	CPUPerRequestMs        float64 `json:"cpu_per_request_ms,omitempty"`
+	AllocsPerRequest       float64 `json:"allocs_per_request,omitempty"`
+	ReplayCPUPerRequestMs  float64 `json:"replay_cpu_per_request_ms,omitempty"`
+	ReplayAllocsPerRequest float64 `json:"replay_allocs_per_request,omitempty"`
 }
 
 // Results is results.json.
@@ -183,8 +191,9 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 
 	apiURL := cfg.apiURL
 	profile := cfg.profile && apiURL == ""
-	if profile && cfg.metricsAddr == "off" {
-		// pprof is served on the metrics listener: give it a port.
+	if apiURL == "" && cfg.metricsAddr == "off" {
+		// The API's CPU and allocations, and pprof, are read from its
+		// metrics listener: give it a port.
 		if cfg.metricsAddr, err = freeLoopbackAddr(); err != nil {
 			return nil, err
 		}
@@ -263,7 +272,19 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err != nil {
 			return nil, err
 		}
+		counters := func() processCounters {
+			if cfg.apiURL != "" {
+				return processCounters{}
+			}
+			c, err := readCounters(ctx, cfg.metricsAddr)
+			if err != nil {
+				res.Notes = append(res.Notes, err.Error())
+			}
+			return c
+		}
+		c0 := counters()
 		m := driver.run(ctx, "/v1/payments", cfg.replayFraction, cfg.duration, progress, label)
+		c1 := counters()
 		runTo, err := dbNow(ctx, admin)
 		if err != nil {
 			return nil, err
@@ -324,12 +345,18 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if walBefore, err = walPosition(ctx, admin); err != nil {
 			return nil, err
 		}
+		c2 := counters()
 		rm := driver.run(ctx, "/v1/payments", 1, cfg.duration, progress, label+" replays")
+		c3 := counters()
 		if walAfter, err = walPosition(ctx, admin); err != nil {
 			return nil, err
 		}
 		var rs Stage
 		rm.fill(&rs, cfg.duration)
+		if cfg.apiURL == "" {
+			st.CPUPerRequestMs, st.AllocsPerRequest = perRequest(c0, c1, st.Requests)
+			st.ReplayCPUPerRequestMs, st.ReplayAllocsPerRequest = perRequest(c2, c3, rs.Requests)
+		}
 		if rs.Requests > 0 {
 			st.ReplayWALBytesPerRequest = float64(walAfter-walBefore) / float64(rs.Requests)
 		}
@@ -349,8 +376,11 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if i > 0 {
 			continue
 		}
-		if err := compareDesigns(ctx, cfg, res, driver, clients, warmUp, drainOrNote, progress); err != nil {
-			return nil, err
+		res.IdempotentRPS = st.RPS
+		if cfg.baseline || cfg.redisPeer != "" || cfg.pgbench {
+			if err := compareDesigns(ctx, cfg, res, driver, clients, warmUp, drainOrNote, progress); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if cfg.apiURL == "" {

@@ -278,7 +278,8 @@ func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 	}
 	// Every worker may be in a call at once: keep that many connections to
 	// the processor open between calls. (http.DefaultTransport keeps 2 per
-	// host, so 200 workers would open and close a connection per call.)
+	// host, so hundreds of workers would open and close a connection per
+	// call.)
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	base.MaxIdleConns = max(100, cfg.OutboxWorkers)
 	base.MaxIdleConnsPerHost = max(2, cfg.OutboxWorkers)
