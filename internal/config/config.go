@@ -70,9 +70,9 @@ type Config struct {
 	// OutboxWorkers is how many outbox jobs (processor calls) run at once
 	// (OUTBOX_WORKERS); 0 leaves the jobs to another process. A worker
 	// mostly waits for the processor, holding no connection meanwhile, so
-	// size it for the processor: at least the payment rate times the
-	// processor's p99 latency (docs/external-effects.md, "Sizing the
-	// outbox").
+	// size it for the processor: at least the payment rate times one
+	// charge's p99 time, the processor's latency plus the job's own work
+	// (docs/external-effects.md, "Sizing the outbox").
 	OutboxWorkers int
 	// OutboxDBMaxConns is the outbox's own pool (OUTBOX_DB_MAX_CONNS), apart
 	// from the requests' so that a backlog never takes a request's
