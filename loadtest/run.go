@@ -248,6 +248,16 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err := warmUp("/v1/payments", label+" warm-up"); err != nil {
 			return nil, err
 		}
+		// Statistics that describe the tables the run will see, as
+		// autovacuum's analyze keeps them. Without this the first stage ran
+		// on statistics taken of empty tables: PostgreSQL then plans the
+		// service's prepared statements (pgx prepares each one per
+		// connection) as sequential scans, caches those generic plans, and
+		// keeps scanning the whole table as the run fills it, on a server
+		// whose autovacuum is off (docs/performance.md).
+		if _, err := admin.Exec(ctx, `ANALYZE idempotency_keys, payments, refunds, river_job`); err != nil {
+			return nil, fmt.Errorf("analyze: %w", err)
+		}
 		var startRows int64
 		if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&startRows); err != nil {
 			return nil, err
