@@ -84,15 +84,23 @@ func writtenAtCompletion(ctx context.Context, l *Lab) (Outcome, error) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*n)
 	start := make(chan struct{})
+	// The naive race is staged, not left to the scheduler: every retry has
+	// looked and found nothing before any of them writes, which is what
+	// happens whenever the retries overlap. (Left to timing, a small pool
+	// can serialize them into one payment and hide the flaw.)
+	var looked sync.WaitGroup
+	looked.Add(n)
 	for range n {
 		wg.Go(func() {
 			<-start
 			var stored string
 			err := l.admin.QueryRow(ctx, `SELECT response FROM lab_naive_keys WHERE key = $1`, naiveKey).Scan(&stored)
+			looked.Done()
 			if !errors.Is(err, pgx.ErrNoRows) {
 				errs <- err
 				return
 			}
+			looked.Wait()
 			id, err := l.naivePay(ctx, "A", naiveKey)
 			if err == nil {
 				_, err = l.admin.Exec(ctx, `INSERT INTO lab_naive_keys (key, response) VALUES ($1, $2) ON CONFLICT DO NOTHING`, naiveKey, id)
