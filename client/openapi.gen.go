@@ -706,9 +706,18 @@ type ListPaymentsParams struct {
 	// Limit The most items in the page, 1 to 100 (default 100).
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// StartingAfter A cursor: the `id` of the last item of the previous page. Items come in creation
-	// order; a page whose `has_more` is true is followed by the page `starting_after`
-	// its last item's id.
+	// StartingAfter A cursor: the `id` of the last item of the previous page; a page whose `has_more`
+	// is true is followed by the page `starting_after` its last item's id. An id that
+	// names no item of the list is a 400.
+	//
+	// The order is final when an item becomes visible, so a client that keeps following
+	// the cursor sees every item exactly once, even while others are being created: items
+	// come in the order of the transactions that created them (oldest first), and an item
+	// is listed once every write transaction that began before its own has ended. That is
+	// normally milliseconds; a write transaction left open on the database server (until
+	// the service's `DB_IDLE_IN_TX_TIMEOUT`, 10 s by default, for its own sessions) delays
+	// it. `GET` of the item by its id shows it at once. An empty page means "nothing more
+	// yet", not "nothing more ever".
 	StartingAfter *StartingAfter `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
 
@@ -726,9 +735,18 @@ type ListRefundsParams struct {
 	// Limit The most items in the page, 1 to 100 (default 100).
 	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// StartingAfter A cursor: the `id` of the last item of the previous page. Items come in creation
-	// order; a page whose `has_more` is true is followed by the page `starting_after`
-	// its last item's id.
+	// StartingAfter A cursor: the `id` of the last item of the previous page; a page whose `has_more`
+	// is true is followed by the page `starting_after` its last item's id. An id that
+	// names no item of the list is a 400.
+	//
+	// The order is final when an item becomes visible, so a client that keeps following
+	// the cursor sees every item exactly once, even while others are being created: items
+	// come in the order of the transactions that created them (oldest first), and an item
+	// is listed once every write transaction that began before its own has ended. That is
+	// normally milliseconds; a write transaction left open on the database server (until
+	// the service's `DB_IDLE_IN_TX_TIMEOUT`, 10 s by default, for its own sessions) delays
+	// it. `GET` of the item by its id shows it at once. An empty page means "nothing more
+	// yet", not "nothing more ever".
 	StartingAfter *StartingAfter `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
 

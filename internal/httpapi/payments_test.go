@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -418,6 +419,7 @@ func TestListPaymentsWithACursor(t *testing.T) {
 		made = append(made, decode(t, r.Body)["id"].(string))
 	}
 	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", other.Secret, "list-0", paymentBody).Status)
+	b.listed(t, "/v1/payments?limit=100", k.Secret, len(made))
 
 	var seen []string
 	cursor := ""
@@ -442,7 +444,7 @@ func TestListPaymentsWithACursor(t *testing.T) {
 	}
 	require.Equal(t, made, seen, "every payment once, oldest first, only the caller's")
 
-	for _, bad := range []string{"?limit=0", "?limit=101", "?limit=x", "?starting_after=nope"} {
+	for _, bad := range []string{"?limit=0", "?limit=101", "?limit=x", "?starting_after=nope", "?starting_after=" + uuid.NewString()} {
 		requireProblem(t, b.get(t, "/v1/payments"+bad, k.Secret), http.StatusBadRequest, "validation-failed")
 	}
 }

@@ -66,7 +66,7 @@ func TestRefundAPayment(t *testing.T) {
 	got := b.get(t, "/v1/refunds/"+refund["id"].(string), k.Secret)
 	require.Equal(t, http.StatusOK, got.Status)
 	require.Equal(t, refund["id"], decode(t, got.Body)["id"])
-	list := decode(t, b.get(t, "/v1/payments/"+pay+"/refunds", k.Secret).Body)
+	list := b.listed(t, "/v1/payments/"+pay+"/refunds", k.Secret, 2)
 	require.Len(t, list["data"], 2)
 	require.Equal(t, false, list["has_more"])
 	// A page of one, then the page after it.

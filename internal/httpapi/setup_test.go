@@ -346,6 +346,25 @@ func (b *testBundle) get(t *testing.T, path, secret string) response {
 	return b.do(t, call{method: http.MethodGet, path: path, secret: secret})
 }
 
+// listed waits until the list at path shows at least n items, and returns
+// that page. A list shows a new item once every write transaction that
+// began before it has ended (payments.List), which on a server shared with
+// other tests can take a moment.
+func (b *testBundle) listed(t *testing.T, path, secret string, n int) map[string]any {
+	t.Helper()
+	var page map[string]any
+	require.Eventually(t, func() bool {
+		r := b.get(t, path, secret)
+		if r.Status != http.StatusOK {
+			return false
+		}
+		page = decode(t, r.Body)
+		data, _ := page["data"].([]any)
+		return len(data) >= n
+	}, time.Minute, 20*time.Millisecond, "the list at %s never showed %d items", path, n)
+	return page
+}
+
 // count runs a count(*) query as the superuser, across every tenant.
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()

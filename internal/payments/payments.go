@@ -197,28 +197,51 @@ func scanOne(row pgx.Row) (Payment, error) {
 const ListLimit = 100
 
 // List returns up to limit of the principal's payments (row-level security
-// shows no other) in creation order, after the payment with id after when
-// it is not nil, and whether there are more.
+// shows no other), after the payment with id after when it is not nil, and
+// whether there are more.
+//
+// The order is final when a payment becomes visible (migration 13): by the
+// creating transaction's id, showing only payments whose transaction is
+// older than every one still running. A payment committing late cannot land
+// behind a page already read, so a client following the cursor sees each
+// payment exactly once; the newest payments show once the transactions
+// begun before them have ended, milliseconds later.
 func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([]Payment, bool, error) {
 	rows, err := db.Query(ctx, `
 		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
-		FROM payments WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid AND ($1::uuid IS NULL OR id > $1)
-		ORDER BY id LIMIT $2`, after, limit+1)
+		FROM payments
+		WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid
+		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND ($1::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM payments c WHERE c.id = $1))
+		ORDER BY xid, id LIMIT $2`, after, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list payments: %w", err)
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) {
-		var p Payment
-		err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt)
-		return p, err
-	})
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) { return scanOne(row) })
 	if err != nil {
 		return nil, false, fmt.Errorf("list payments: %w", err)
+	}
+	if len(list) == 0 && after != nil {
+		// No page after an unknown cursor: say so rather than answer an
+		// empty page that reads as the end of the list.
+		if _, err := Get(ctx, db, *after); errors.Is(err, ErrNotFound) {
+			return nil, false, errUnknownCursor()
+		} else if err != nil {
+			return nil, false, err
+		}
 	}
 	if len(list) > limit {
 		return list[:limit], true, nil
 	}
 	return list, false, nil
+}
+
+// errUnknownCursor is the validation error of a starting_after that names
+// no item of the list.
+func errUnknownCursor() error {
+	var c validation.Collector
+	c.Add("starting_after", "must be the id of an item of the list")
+	return c.Err()
 }
 
 // Settle records the processor's answer for a payment not yet decided

@@ -215,10 +215,16 @@ func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Refund, error) {
 	return r, nil
 }
 
-// List returns up to limit refunds of a payment in creation order, after
-// the refund with id after when it is not nil, and whether there are more.
+// List returns up to limit refunds of a payment, after the refund with id
+// after when it is not nil, and whether there are more, in an order final
+// when a refund becomes visible, as payments.List's.
 func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID, after *uuid.UUID, limit int) ([]Refund, bool, error) {
-	rows, err := db.Query(ctx, `SELECT `+columns+` FROM refunds WHERE payment_id = $1 AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3`,
+	rows, err := db.Query(ctx, `
+		SELECT `+columns+` FROM refunds
+		WHERE payment_id = $1
+		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND ($2::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM refunds c WHERE c.id = $2 AND c.payment_id = $1))
+		ORDER BY xid, id LIMIT $3`,
 		paymentID, after, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list refunds: %w", err)
@@ -226,6 +232,17 @@ func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID, after *uui
 	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Refund, error) { return scan(row) })
 	if err != nil {
 		return nil, false, fmt.Errorf("list refunds: %w", err)
+	}
+	if len(list) == 0 && after != nil {
+		r, err := Get(ctx, db, *after)
+		if errors.Is(err, ErrNotFound) || err == nil && r.PaymentID != paymentID {
+			var c validation.Collector
+			c.Add("starting_after", "must be the id of an item of the list")
+			return nil, false, c.Err()
+		}
+		if err != nil {
+			return nil, false, err
+		}
 	}
 	if len(list) > limit {
 		return list[:limit], true, nil
