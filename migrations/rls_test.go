@@ -214,26 +214,15 @@ func TestServiceRoleHasLeastPrivilege(t *testing.T) {
 		requireRefused(t, tx, `SELECT count(*) FROM api_keys`)
 		requireRefused(t, tx, `SELECT count(*) FROM principals`)
 
-		// refusedWith runs sql in a savepoint and returns its SQLSTATE.
-		refusedWith := func(sql string) string {
-			t.Helper()
-			sp, err := tx.Begin(ctx)
-			require.NoError(t, err)
-			defer func() { _ = sp.Rollback(ctx) }()
-			_, err = sp.Exec(ctx, sql)
-			var pgErr *pgconn.PgError
-			require.ErrorAs(t, err, &pgErr, sql)
-			return pgErr.Code
-		}
-		require.Equal(t, "PA401", refusedWith(`SELECT * FROM authenticate_request(sha256('revoked'), 'payments:read')`))
-		require.Equal(t, "PA403", refusedWith(`SELECT * FROM authenticate_request(sha256('live'), 'payments:write')`))
+		requireSQLState(t, tx, "PA401", `SELECT * FROM authenticate_request(sha256('revoked'), 'payments:read')`)
+		requireSQLState(t, tx, "PA403", `SELECT * FROM authenticate_request(sha256('live'), 'payments:write')`)
 		// A temporary table of the caller's cannot stand in for api_keys
 		// inside the SECURITY DEFINER function.
 		_, err := tx.Exec(ctx, `
 			CREATE TEMP TABLE api_keys (id uuid, principal_id uuid, secret_hash bytea, scopes text[], revoked_at timestamptz);
 			INSERT INTO pg_temp.api_keys VALUES (gen_random_uuid(), gen_random_uuid(), sha256('forged'), '{payments:write}', NULL);`)
 		require.NoError(t, err)
-		require.Equal(t, "PA401", refusedWith(`SELECT * FROM authenticate_request(sha256('forged'), 'payments:write')`))
+		requireSQLState(t, tx, "PA401", `SELECT * FROM authenticate_request(sha256('forged'), 'payments:write')`)
 
 		// A live key with the scope: its principal becomes the tenant.
 		_, err = tx.Exec(ctx, `SELECT set_config('app.principal_id', $1, true)`, b.String())

@@ -65,9 +65,6 @@ func (e *MissingScopeError) Error() string { return "forbidden: missing scope " 
 // Is makes a MissingScopeError match ErrForbidden.
 func (e *MissingScopeError) Is(target error) bool { return target == ErrForbidden }
 
-// Can reports whether the principal's key holds scope.
-func (p Principal) Can(scope string) bool { return slices.Contains(p.Scopes, scope) }
-
 // ParseBearer returns the credentials of an Authorization header of the form
 // "Bearer <token>" (RFC 6750 section 2.1: the scheme in any case, one or more
 // spaces, a b64token). Anything else is ErrUnauthenticated, so an odd header

@@ -105,7 +105,7 @@ func parsePage(r *http.Request, most int) (page, error) {
 	if v := q.Get("starting_after"); v != "" {
 		id, err := uuid.Parse(v)
 		if err != nil {
-			c.Add("starting_after", "must be the id of an item of the list")
+			c.Add("starting_after", validation.NotAListItem)
 		}
 		pg.after = &id
 	}

@@ -225,7 +225,7 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 		// No page after an unknown cursor: say so rather than answer an
 		// empty page that reads as the end of the list.
 		if _, err := Get(ctx, db, *after); errors.Is(err, ErrNotFound) {
-			return nil, false, errUnknownCursor()
+			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
 		} else if err != nil {
 			return nil, false, err
 		}
@@ -234,14 +234,6 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 		return list[:limit], true, nil
 	}
 	return list, false, nil
-}
-
-// errUnknownCursor is the validation error of a starting_after that names
-// no item of the list.
-func errUnknownCursor() error {
-	var c validation.Collector
-	c.Add("starting_after", "must be the id of an item of the list")
-	return c.Err()
 }
 
 // Settle records the processor's answer for a payment not yet decided

@@ -236,9 +236,7 @@ func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID, after *uui
 	if len(list) == 0 && after != nil {
 		r, err := Get(ctx, db, *after)
 		if errors.Is(err, ErrNotFound) || err == nil && r.PaymentID != paymentID {
-			var c validation.Collector
-			c.Add("starting_after", "must be the id of an item of the list")
-			return nil, false, c.Err()
+			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
 		}
 		if err != nil {
 			return nil, false, err

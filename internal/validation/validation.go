@@ -24,6 +24,15 @@ func (e *Error) Error() string {
 	return "invalid request: " + strings.Join(msgs, "; ")
 }
 
+// NotAListItem is the message for a list cursor (starting_after) that does
+// not name an item of the list.
+const NotAListItem = "must be the id of an item of the list"
+
+// Invalid is the error of one invalid field.
+func Invalid(field, message string) error {
+	return &Error{Fields: []FieldError{{field, message}}}
+}
+
 // Collector gathers field errors so a client learns about all of them at once.
 type Collector struct{ fields []FieldError }
 
