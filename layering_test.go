@@ -43,6 +43,8 @@ func TestImportRules(t *testing.T) {
 		"internal/outbox":      {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", module + "/internal/processor"},
 		"internal/processor":   {module + "/internal/"},
 		"internal/reconcile":   {module + "/internal/httpapi", "net/http"},
+		"internal/events":      {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", module + "/internal/webhooks", "net/http"},
+		"internal/webhooks":    {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds"},
 		"internal/database":    {module + "/internal/"},
 	}
 	for pkg, imps := range all {
@@ -51,7 +53,7 @@ func TestImportRules(t *testing.T) {
 				require.False(t, strings.HasPrefix(imp, bad), "%s must not import %s", pkg, imp)
 			}
 			if strings.HasPrefix(pkg, "internal/") {
-				for _, bad := range []string{module + "/cmd/", module + "/loadtest", module + "/faults"} {
+				for _, bad := range []string{module + "/cmd/", module + "/loadtest", module + "/faults", module + "/examples"} {
 					require.False(t, strings.HasPrefix(imp, bad), "%s must not import %s", pkg, imp)
 				}
 			}

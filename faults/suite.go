@@ -361,6 +361,11 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		return nil, err
 	}
 
+	missingEvents, strayEvents, err := eventChecks(ctx, admin)
+	if err != nil {
+		return nil, err
+	}
+
 	duplicated := 0
 	for _, n := range perIntent {
 		if n > 1 {
@@ -387,6 +392,8 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		{Name: "jobs discarded or cancelled with their payment or refund undecided", Found: orphaned},
 		{Name: "payments and refunds the processor executed more than once", Found: chargedTwice},
 		{Name: "succeeded ones the processor never executed, or failed ones it did", Found: chargeMismatch},
+		{Name: "decided payments and refunds without the event of their status", Found: missingEvents},
+		{Name: "events for a change that did not commit, or recorded twice", Found: strayEvents},
 		{Name: "keys left in_progress", Found: inProgress},
 		{Name: "intents without a final answer within the deadline", Found: l.unresolved},
 		{Name: "transactions left open past the idle-in-transaction bound", Found: held},
@@ -397,6 +404,34 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		checks[i].Holds = checks[i].Found == 0
 	}
 	return checks, nil
+}
+
+// eventChecks counts the decided payments and refunds that have no event of
+// their current status (an event lost for a committed change), and the
+// events that no committed change explains: of a status the object never
+// had (a requires_reconciliation one may have been settled since), or the
+// same change recorded twice.
+func eventChecks(ctx context.Context, admin *pgxpool.Pool) (missing, stray int, err error) {
+	err = admin.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM payments p WHERE p.status <> 'processing' AND NOT EXISTS (
+		            SELECT 1 FROM events e WHERE e.type = 'payment.' || p.status AND e.data->'object'->>'id' = p.id::text))
+		     + (SELECT count(*) FROM refunds r WHERE r.status <> 'pending' AND NOT EXISTS (
+		            SELECT 1 FROM events e WHERE e.type = 'refund.' || r.status AND e.data->'object'->>'id' = r.id::text))`).Scan(&missing)
+	if err != nil {
+		return 0, 0, fmt.Errorf("events of decided rows: %w", err)
+	}
+	err = admin.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM events e LEFT JOIN payments p ON p.id::text = e.data->'object'->>'id'
+		        WHERE e.type LIKE 'payment.%' AND (p.id IS NULL
+		           OR e.type <> 'payment.' || p.status AND NOT (e.type = 'payment.requires_reconciliation' AND p.status IN ('succeeded', 'failed'))))
+		     + (SELECT count(*) FROM events e LEFT JOIN refunds r ON r.id::text = e.data->'object'->>'id'
+		        WHERE e.type LIKE 'refund.%' AND (r.id IS NULL
+		           OR e.type <> 'refund.' || r.status AND NOT (e.type = 'refund.requires_reconciliation' AND r.status IN ('succeeded', 'failed'))))
+		     + (SELECT count(*) FROM (SELECT 1 FROM events GROUP BY type, data->'object'->>'id' HAVING count(*) > 1) twice)`).Scan(&stray)
+	if err != nil {
+		return 0, 0, fmt.Errorf("events without their change: %w", err)
+	}
+	return missing, stray, nil
 }
 
 // idleInTransaction counts the sessions of the suite's database that have

@@ -189,8 +189,10 @@ func TestServe(t *testing.T) {
 	}
 }
 
-// A fork deployed with APP_ENV=production cannot charge the simulator or
-// hold the owner's credentials while serving; and serve has no fault switches.
+// A fork deployed with APP_ENV=production cannot charge the simulator, hold
+// the owner's credentials while serving, sign webhooks with the published
+// development key, or send them into its own network; and serve has no
+// fault switches.
 func TestProductionRefusesTestModeAndOwnerCredentials(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -199,6 +201,10 @@ func TestProductionRefusesTestModeAndOwnerCredentials(t *testing.T) {
 	}{
 		{map[string]string{"APP_ENV": "production"}, "APP_ENV=production needs PROCESSOR_URL"},
 		{map[string]string{"APP_ENV": "production", "PROCESSOR_URL": "http://processor", "MIGRATE_ON_START": "true"}, "APP_ENV=production refuses MIGRATE_ON_START=true"},
+		{map[string]string{"APP_ENV": "production", "PROCESSOR_URL": "http://processor"}, "APP_ENV=production needs WEBHOOK_SIGNING_KEY"},
+		{map[string]string{"APP_ENV": "production", "PROCESSOR_URL": "http://processor", "WEBHOOK_ALLOW_PRIVATE_URLS": "true"}, "APP_ENV=production refuses WEBHOOK_ALLOW_PRIVATE_URLS=true"},
+		{map[string]string{"WEBHOOK_SIGNING_KEY": "c2hvcnQ="}, "WEBHOOK_SIGNING_KEY: want the standard base64 of at least 32 random bytes"},
+		{map[string]string{"WEBHOOK_RETRY_SCHEDULE": "0s,soon"}, `WEBHOOK_RETRY_SCHEDULE="0s,soon"`},
 		{map[string]string{"APP_ENV": "staging"}, `APP_ENV="staging"`},
 		{map[string]string{"PROCESSOR_SIM_DROP_RATE": "0.5"}, "PROCESSOR_SIM_* configure `api processor-sim` only"},
 	} {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/config"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
@@ -33,6 +34,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/telemetry"
+	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
 // Options extend Serve for a harness. The service itself passes none.
@@ -147,6 +149,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		background.Go(func() {
 			sweeper.Run(bg, cfg.SweepInterval, func(err error) { log.Error("sweep failed", "error", err) })
 		})
+		background.Go(func() { sweepEvents(bg, cfg, maint, log) })
 	}
 
 	proc, err := newProcessor(ctx, cfg, log, tel.TracerProvider, processor.SimConfig{Latency: opts.SimLatency, LatencyP99: opts.SimLatencyP99})
@@ -163,7 +166,18 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return err
 	}
 	defer outboxPool.Close()
-	jobs, err := newOutbox(cfg, outboxPool, proc, log, tel)
+	keyring, err := webhooks.NewKeyring(cfg.WebhookSigningKey)
+	if err != nil {
+		return err
+	}
+	if string(cfg.WebhookSigningKey) == string(config.DevelopmentWebhookKey) {
+		log.Warn("WEBHOOK_SIGNING_KEY is unset: webhook secrets are derived from the published development key, so anyone can forge this service's webhooks. Set it (openssl rand -base64 32) for anything but a local try")
+	}
+	urls := webhooks.URLPolicy{AllowPrivate: cfg.WebhookAllowPrivateURLs}
+	if urls.AllowPrivate {
+		log.Warn("WEBHOOK_ALLOW_PRIVATE_URLS is on (the development default): webhook endpoints may be http and point at loopback and private addresses")
+	}
+	jobs, err := newOutbox(cfg, outboxPool, proc, keyring, urls, log, tel)
 	if err != nil {
 		return err
 	}
@@ -181,6 +195,9 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		}()
 	}
 	if err := outbox.RegisterMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
+		return err
+	}
+	if err := webhooks.RegisterMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
 		return err
 	}
 
@@ -204,6 +221,8 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		Pool:           pool,
 		Idempotency:    executor,
 		Outbox:         outbox.Writer{MaxAttempts: cfg.OutboxMaxAttempts},
+		Keyring:        keyring,
+		URLs:           urls,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
 		TracerProvider: tel.TracerProvider,
@@ -289,12 +308,22 @@ func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 }
 
 // newOutbox returns the River client that inserts and works the processor
-// jobs of payments and refunds.
-func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor, log *slog.Logger, tel *telemetry.Telemetry) (*outbox.Client, error) {
+// jobs of payments and refunds, and the webhook deliveries of their events.
+func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor, keyring webhooks.Keyring, urls webhooks.URLPolicy, log *slog.Logger, tel *telemetry.Telemetry) (*outbox.Client, error) {
+	attempts, err := webhooks.NewAttemptCounter(tel.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	fanout := Fanout(cfg)
+	client := urls.Client(cfg.WebhookTimeout, cfg.OutboxWorkers)
+	// Each delivery is a client span, a child of its job's attempt.
+	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithTracerProvider(tel.TracerProvider))
 	workers := river.NewWorkers()
-	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
-	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
+	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
+	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
 	river.AddWorker(workers, &reconcile.Worker{Reconciler: NewReconciler(cfg, pool, proc)})
+	river.AddWorker(workers, &webhooks.Deliverer{Pool: pool, Keyring: keyring, Client: client,
+		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts})
 	return outbox.NewClient(pool, workers, outbox.Config{
 		Periodic:       []*river.PeriodicJob{reconcile.Periodic(cfg.ReconcileInterval)},
 		Workers:        cfg.OutboxWorkers,
@@ -328,7 +357,33 @@ func registerLivemode(mp metric.MeterProvider, live bool) error {
 
 // NewReconciler returns the reconciler as configured.
 func NewReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor) *reconcile.Reconciler {
-	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000}
+	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000, Events: Fanout(cfg)}
+}
+
+// Fanout returns what queues an event's webhook deliveries, as configured.
+func Fanout(cfg config.Config) webhooks.Fanout {
+	return webhooks.Fanout{Schedule: cfg.WebhookSchedule}
+}
+
+// sweepEvents deletes events past their retention every SWEEP_INTERVAL,
+// until ctx ends.
+func sweepEvents(ctx context.Context, cfg config.Config, maint *database.Pool, log *slog.Logger) {
+	t := time.NewTicker(cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		n, err := events.Sweep(ctx, maint, cfg.SweepChunk, cfg.SweepPause)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Error("event sweep failed", "error", err)
+		case n > 0:
+			log.Info("swept events past their retention", "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // NewSweeper returns the expiry sweeper as configured, on the maintenance pool.

@@ -29,10 +29,12 @@ const (
 	ScopePaymentsWrite = "payments:write"
 	ScopeRefundsRead   = "refunds:read"
 	ScopeRefundsWrite  = "refunds:write"
+	ScopeEventsRead    = "events:read"
+	ScopeWebhooksWrite = "webhooks:write"
 )
 
 // KnownScopes lists every scope, in the order they are documented.
-var KnownScopes = []string{ScopePaymentsRead, ScopePaymentsWrite, ScopeRefundsRead, ScopeRefundsWrite}
+var KnownScopes = []string{ScopePaymentsRead, ScopePaymentsWrite, ScopeRefundsRead, ScopeRefundsWrite, ScopeEventsRead, ScopeWebhooksWrite}
 
 // secretPrefix makes leaked secrets recognisable to secret scanners.
 const secretPrefix = "sk_"

@@ -4,6 +4,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,6 +136,21 @@ type Config struct {
 	// body that arrives too slowly gets its 408 on the wire while the request
 	// still has time left to answer.
 	BodyTimeout time.Duration
+	// WebhookSigningKey derives every webhook endpoint's signing secret
+	// (WEBHOOK_SIGNING_KEY, base64, at least 32 bytes). Required in
+	// production; development uses DevelopmentWebhookKey. Changing it
+	// changes every endpoint's secret: rotate each endpoint's instead.
+	WebhookSigningKey []byte
+	// WebhookAllowPrivateURLs lets webhook endpoints use http and loopback,
+	// private or link-local addresses (WEBHOOK_ALLOW_PRIVATE_URLS): a
+	// receiver on a developer's machine. On by default in development;
+	// production refuses it (server-side request forgery).
+	WebhookAllowPrivateURLs bool
+	// WebhookTimeout bounds one delivery attempt (WEBHOOK_TIMEOUT).
+	WebhookTimeout time.Duration
+	// WebhookSchedule is when each delivery attempt is made after the
+	// previous failed; its length is the attempts (WEBHOOK_RETRY_SCHEDULE).
+	WebhookSchedule []time.Duration
 	// ShutdownTimeout bounds graceful shutdown after SIGTERM (SHUTDOWN_TIMEOUT).
 	ShutdownTimeout time.Duration
 	// LogLevel is debug, info, warn or error (LOG_LEVEL).
@@ -144,43 +160,53 @@ type Config struct {
 // Defaults returns the configuration used when no variable is set.
 func Defaults() Config {
 	return Config{
-		Env:                    EnvDevelopment,
-		Addr:                   ":8080",
-		MetricsAddr:            ":9090",
-		DatabaseURL:            "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateDatabaseURL:     "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
-		MaintenanceDatabaseURL: "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateOnStart:         true,
-		DBMaxConns:             32,
-		DBAcquireTimeout:       2 * time.Second,
-		LockTimeout:            5 * time.Second,
-		DBIdleInTxTimeout:      10 * time.Second,
-		ProcessorTimeout:       10 * time.Second,
-		OutboxWorkers:          400,
-		OutboxDBMaxConns:       16,
-		OutboxJobTimeout:       30 * time.Second,
-		OutboxRescueAfter:      2 * time.Minute,
-		OutboxMaxAttempts:      15,
-		OutboxRetryBase:        time.Second,
-		OutboxRetryMax:         10 * time.Minute,
-		ProcessorKeyWindow:     24 * time.Hour,
-		ReconcileInterval:      time.Minute,
-		ReconcileGrace:         2 * time.Minute,
-		IdempotencyWindow:      24 * time.Hour,
-		IdempotencyMargin:      time.Hour,
-		MaxBodyBytes:           1 << 20,
-		MaxStoredResponseBytes: 64 << 10,
-		KeyQuota:               1_000_000,
-		QuotaRefresh:           5 * time.Second,
-		SweepInterval:          time.Minute,
-		SweepChunk:             1000,
-		SweepPause:             50 * time.Millisecond,
-		RequestTimeout:         15 * time.Second,
-		BodyTimeout:            10 * time.Second,
-		ShutdownTimeout:        20 * time.Second,
-		LogLevel:               slog.LevelInfo,
+		Env:                     EnvDevelopment,
+		Addr:                    ":8080",
+		MetricsAddr:             ":9090",
+		DatabaseURL:             "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateDatabaseURL:      "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
+		MaintenanceDatabaseURL:  "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateOnStart:          true,
+		DBMaxConns:              32,
+		DBAcquireTimeout:        2 * time.Second,
+		LockTimeout:             5 * time.Second,
+		DBIdleInTxTimeout:       10 * time.Second,
+		ProcessorTimeout:        10 * time.Second,
+		OutboxWorkers:           400,
+		OutboxDBMaxConns:        16,
+		OutboxJobTimeout:        30 * time.Second,
+		OutboxRescueAfter:       2 * time.Minute,
+		OutboxMaxAttempts:       15,
+		OutboxRetryBase:         time.Second,
+		OutboxRetryMax:          10 * time.Minute,
+		ProcessorKeyWindow:      24 * time.Hour,
+		ReconcileInterval:       time.Minute,
+		ReconcileGrace:          2 * time.Minute,
+		IdempotencyWindow:       24 * time.Hour,
+		IdempotencyMargin:       time.Hour,
+		MaxBodyBytes:            1 << 20,
+		MaxStoredResponseBytes:  64 << 10,
+		KeyQuota:                1_000_000,
+		QuotaRefresh:            5 * time.Second,
+		SweepInterval:           time.Minute,
+		SweepChunk:              1000,
+		SweepPause:              50 * time.Millisecond,
+		RequestTimeout:          15 * time.Second,
+		BodyTimeout:             10 * time.Second,
+		ShutdownTimeout:         20 * time.Second,
+		LogLevel:                slog.LevelInfo,
+		WebhookSigningKey:       DevelopmentWebhookKey,
+		WebhookAllowPrivateURLs: true, // development: a receiver on this machine
+		WebhookTimeout:          10 * time.Second,
+		WebhookSchedule: []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute,
+			2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour},
 	}
 }
+
+// DevelopmentWebhookKey is the webhook signing key of development, when
+// WEBHOOK_SIGNING_KEY is unset: published here, so anyone can derive its
+// secrets. Production refuses to run without a key of its own.
+var DevelopmentWebhookKey = []byte("development webhook key: set WEBHOOK_SIGNING_KEY!")
 
 // Load reads the environment through getenv (os.Getenv in production) on top
 // of Defaults and validates the result. The error names every bad variable.
@@ -246,6 +272,7 @@ func Load(getenv func(string) string) (Config, error) {
 	case EnvDevelopment:
 	case EnvProduction:
 		c.MigrateOnStart = false // migrations are their own step: `api migrate up`
+		c.WebhookAllowPrivateURLs = false
 	default:
 		errs = append(errs, fmt.Errorf("APP_ENV=%q: want development or production", c.Env))
 	}
@@ -301,6 +328,31 @@ func Load(getenv func(string) string) (Config, error) {
 		c.BodyTimeout = c.RequestTimeout * 2 / 3
 	}
 	dur("SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, time.Second)
+	if v := getenv("WEBHOOK_SIGNING_KEY"); v != "" {
+		key, err := base64.StdEncoding.DecodeString(v)
+		if err != nil || len(key) < 32 {
+			errs = append(errs, errors.New("WEBHOOK_SIGNING_KEY: want the standard base64 of at least 32 random bytes, like the output of `openssl rand -base64 32`"))
+		}
+		c.WebhookSigningKey = key
+	}
+	boolean("WEBHOOK_ALLOW_PRIVATE_URLS", &c.WebhookAllowPrivateURLs)
+	dur("WEBHOOK_TIMEOUT", &c.WebhookTimeout, 100*time.Millisecond)
+	if v := getenv("WEBHOOK_RETRY_SCHEDULE"); v != "" {
+		var schedule []time.Duration
+		for part := range strings.SplitSeq(v, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(part))
+			if err != nil || d < 0 {
+				schedule = nil
+				break
+			}
+			schedule = append(schedule, d)
+		}
+		if len(schedule) == 0 || len(schedule) > 20 {
+			errs = append(errs, fmt.Errorf("WEBHOOK_RETRY_SCHEDULE=%q: want 1 to 20 comma-separated durations, like 0s,5s,5m", v))
+		} else {
+			c.WebhookSchedule = schedule
+		}
+	}
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))
@@ -345,6 +397,12 @@ func Load(getenv func(string) string) (Config, error) {
 		}
 		if c.MigrateOnStart {
 			errs = append(errs, errors.New("APP_ENV=production refuses MIGRATE_ON_START=true: the serving process would hold the owner's credentials; run `api migrate up` as its own step"))
+		}
+		if getenv("WEBHOOK_SIGNING_KEY") == "" {
+			errs = append(errs, errors.New("APP_ENV=production needs WEBHOOK_SIGNING_KEY: without it every webhook secret is derived from the development key, which is published"))
+		}
+		if c.WebhookAllowPrivateURLs {
+			errs = append(errs, errors.New("APP_ENV=production refuses WEBHOOK_ALLOW_PRIVATE_URLS=true: a client could point a webhook at the service's own network (server-side request forgery)"))
 		}
 	}
 	if c.BodyTimeout >= c.RequestTimeout {
@@ -430,7 +488,19 @@ func (c Config) LogAttrs() []any {
 		slog.String("outbox_retry_schedule", c.RetrySchedule().Round(time.Second).String()),
 		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),
 		slog.String("reconcile_interval", c.ReconcileInterval.String()),
+		slog.Bool("webhook_allow_private_urls", c.WebhookAllowPrivateURLs),
+		slog.String("webhook_timeout", c.WebhookTimeout.String()),
+		slog.String("webhook_retry_schedule", formatSchedule(c.WebhookSchedule)),
 	}
+}
+
+// formatSchedule writes a delivery schedule as WEBHOOK_RETRY_SCHEDULE takes it.
+func formatSchedule(schedule []time.Duration) string {
+	parts := make([]string, len(schedule))
+	for i, d := range schedule {
+		parts[i] = duration(d)
+	}
+	return strings.Join(parts, ",")
 }
 
 // databaseName is the database a postgres URL names.

@@ -57,6 +57,21 @@ func TestInvalidValuesAreNamed(t *testing.T) {
 	}
 }
 
+// Production turns off what only suits a developer's machine; a schedule
+// is read as written.
+func TestWebhookSettings(t *testing.T) {
+	t.Parallel()
+	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=" // 32 bytes
+	c, err := config.Load(env(map[string]string{"APP_ENV": "production", "PROCESSOR_URL": "https://processor", "WEBHOOK_SIGNING_KEY": key}))
+	require.NoError(t, err)
+	require.False(t, c.WebhookAllowPrivateURLs)
+	require.Equal(t, "0123456789abcdef0123456789abcdef", string(c.WebhookSigningKey))
+	c, err = config.Load(env(map[string]string{"WEBHOOK_RETRY_SCHEDULE": "0s, 1s,2m"}))
+	require.NoError(t, err)
+	require.True(t, c.WebhookAllowPrivateURLs, "development allows a receiver on this machine")
+	require.Equal(t, []time.Duration{0, time.Second, 2 * time.Minute}, c.WebhookSchedule)
+}
+
 func TestLogAttrsMaskPasswords(t *testing.T) {
 	t.Parallel()
 	c, err := config.Load(env(map[string]string{"DATABASE_URL": "postgres://app:hunter2@db/payments"}))

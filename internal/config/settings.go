@@ -58,6 +58,10 @@ func Settings() []Setting {
 		{"OUTBOX_RETRY_MAX", duration(d.OutboxRetryMax), "longest backoff between attempts"},
 		{"RECONCILE_INTERVAL", duration(d.ReconcileInterval), "how often undecided payments and refunds are reconciled"},
 		{"RECONCILE_GRACE", duration(d.ReconcileGrace), "a row is looked up this long after its job ended"},
+		{"WEBHOOK_SIGNING_KEY", "", "base64 of at least 32 random bytes; derives every webhook secret; unset: a published development key (production refuses)"},
+		{"WEBHOOK_ALLOW_PRIVATE_URLS", fmt.Sprint(d.WebhookAllowPrivateURLs), "webhook URLs may be http and loopback or private addresses (false with APP_ENV=production, which refuses true)"},
+		{"WEBHOOK_TIMEOUT", duration(d.WebhookTimeout), "bound on one webhook delivery attempt"},
+		{"WEBHOOK_RETRY_SCHEDULE", formatSchedule(d.WebhookSchedule), "delay before each delivery attempt; its length is the attempts"},
 		{"SHUTDOWN_TIMEOUT", duration(d.ShutdownTimeout), "bound on graceful shutdown"},
 		{"LOG_LEVEL", strings.ToLower(d.LogLevel.String()), "debug, info, warn or error"},
 	}

@@ -231,16 +231,18 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 // other's results, such as an outbox job's read, or the answer it records
 // with the job's completion. Whether a batch whose connection was lost had
 // committed is unknown: only a caller that can repeat it safely (a job,
-// which is retried) may use it for writes.
-func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func(b *pgx.Batch)) error {
+// which is retried) may use it for writes. An error from fn sends nothing.
+func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func(b *pgx.Batch) error) error {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('app.principal_id', $1, true)`, principal.String())
+	if err := fn(b); err != nil {
+		return err
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('app.principal_id', $1, true)`, principal.String())
-	fn(b)
 	return Classify(conn.SendBatch(ctx, b).Close())
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
+	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
 // Deps is everything the API needs.
@@ -34,6 +35,10 @@ type Deps struct {
 	// Outbox takes the jobs a request inserts in its transaction: the
 	// processor calls of payments and refunds.
 	Outbox outbox.Queuer
+	// Keyring derives webhook endpoints' signing secrets; URLs decides
+	// which URLs an endpoint may have.
+	Keyring webhooks.Keyring
+	URLs    webhooks.URLPolicy
 	// Livemode marks the payments this service creates: true only when the
 	// processor moves real money, false with the simulator (test mode).
 	Livemode bool
@@ -60,6 +65,8 @@ type api struct {
 	outbox       outbox.Queuer
 	maxBodyBytes int64
 	livemode     bool
+	keyring      webhooks.Keyring
+	urls         webhooks.URLPolicy
 }
 
 // New returns the API's handler.
@@ -68,7 +75,8 @@ func New(d Deps) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &api{log: slog.New(withRequestIDs(log.Handler())), pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, livemode: d.Livemode}
+	a := &api{log: slog.New(withRequestIDs(log.Handler())), pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, livemode: d.Livemode,
+		keyring: d.Keyring, urls: d.URLs}
 
 	r := chi.NewRouter()
 	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout), headAsGet)
@@ -86,6 +94,8 @@ func New(d Deps) http.Handler {
 		r.Use(authenticate(a.log))
 		r.Mount("/payments", a.paymentRoutes())
 		r.Mount("/refunds", a.refundRoutes())
+		r.Mount("/events", a.eventRoutes())
+		r.Mount("/webhook_endpoints", a.webhookRoutes())
 	})
 	routes = flatten(r)
 	return r

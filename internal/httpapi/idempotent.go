@@ -83,17 +83,22 @@ type validatable interface{ Validate() error }
 func (a *api) parseIdempotent(w http.ResponseWriter, r *http.Request, in validatable) (idempotency.Request, error) {
 	req, err := parseIdempotent(w, r, a.maxBodyBytes, in)
 	if err != nil {
-		// A caller who may not make this request at all hears that first
-		// (401, 403), not what is wrong with the request. Only a rejected
-		// request pays this round trip: an accepted one is authenticated
-		// in its transaction's first.
-		authErr := a.read(r, func(context.Context, pgx.Tx) error { return nil })
-		if errors.Is(authErr, auth.ErrUnauthenticated) || errors.Is(authErr, auth.ErrForbidden) {
-			return idempotency.Request{}, authErr
-		}
-		return idempotency.Request{}, err
+		return idempotency.Request{}, a.refuse(r, err)
 	}
 	return req, nil
+}
+
+// refuse returns what to answer a request rejected, before its claim, with
+// err: a caller who may not make this request at all hears that first (401,
+// 403), not what is wrong with the request. Only a rejected request pays
+// this round trip: an accepted one is authenticated in its transaction's
+// first.
+func (a *api) refuse(r *http.Request, err error) error {
+	authErr := a.read(r, func(context.Context, pgx.Tx) error { return nil })
+	if errors.Is(authErr, auth.ErrUnauthenticated) || errors.Is(authErr, auth.ErrForbidden) {
+		return authErr
+	}
+	return err
 }
 
 func parseIdempotent(w http.ResponseWriter, r *http.Request, maxBodyBytes int64, in validatable) (idempotency.Request, error) {

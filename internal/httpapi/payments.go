@@ -12,6 +12,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
@@ -37,7 +38,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, w.Batch, a.outbox, w.Principal, in, a.livemode, w.Now)
+			p, err := payments.Create(ctx, w.Batch, a.outbox, w.Principal, origin(w), in, a.livemode, w.Now)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
@@ -80,6 +81,11 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	a.respond(w, r, list, err)
+}
+
+// origin names the request that executes, for the events of what it creates.
+func origin(w idempotency.Work) events.Request {
+	return events.Request{ID: &w.RequestID, IdempotencyKey: &w.Key}
 }
 
 // page is a list request's window: at most limit items, after the one

@@ -11,10 +11,12 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
+	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
 // ProblemTypeBase prefixes every problem type URI. Each type is documented in
@@ -63,6 +65,7 @@ var (
 	ptRefundExceeds    = problemType{"refund-exceeds-payment", "The refund exceeds what remains of the payment", http.StatusUnprocessableEntity}
 	ptNotRefundable    = problemType{"payment-not-refundable", "The payment cannot be refunded", http.StatusUnprocessableEntity}
 	ptProcessing       = problemType{"payment-processing", "The payment is still being charged", http.StatusConflict}
+	ptTooManyEndpoints = problemType{"too-many-webhook-endpoints", "Too many webhook endpoints", http.StatusUnprocessableEntity}
 	ptQuotaExceeded    = problemType{"idempotency-key-quota-exceeded", "Too many live idempotency keys", http.StatusTooManyRequests}
 	ptInternal         = problemType{"internal-error", "Internal server error", http.StatusInternalServerError}
 	ptUnavailable      = problemType{"service-unavailable", "The service is temporarily unavailable", http.StatusServiceUnavailable}
@@ -97,7 +100,8 @@ func problemFor(err error) Problem {
 		return newProblem(ptForbidden, fmt.Sprintf("The API key lacks the scope %q, which this operation requires. Create a key with it: api keys create --scopes %s.", missing.Scope, missing.Scope))
 	case errors.Is(err, auth.ErrForbidden):
 		return newProblem(ptForbidden, "The API key does not have the scope this operation requires.")
-	case errors.Is(err, payments.ErrNotFound), errors.Is(err, refunds.ErrNotFound), errors.Is(err, errNotFound):
+	case errors.Is(err, payments.ErrNotFound), errors.Is(err, refunds.ErrNotFound), errors.Is(err, errNotFound),
+		errors.Is(err, events.ErrNotFound), errors.Is(err, webhooks.ErrNotFound):
 		return newProblem(ptNotFound, "No such resource.")
 	case errors.Is(err, errMethodNotAllowed):
 		return newProblem(ptMethodNotAllowed, "This resource does not support that method.")

@@ -38,6 +38,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -71,7 +72,27 @@ type options struct {
 	// roundTrips, when set, counts what the service pool sends to the
 	// server and waits for: every statement, batch and prepare.
 	roundTrips *roundTripCounter
+	// urls decides which webhook URLs are accepted, and where deliveries
+	// may connect; the default allows private addresses (the tests'
+	// receivers listen on loopback).
+	urls webhooks.URLPolicy
+	// webhookSchedule is the delivery schedule (testSchedule unless set).
+	webhookSchedule []time.Duration
 }
+
+// testSchedule is the webhook delivery schedule of tests: eight attempts,
+// like the published one, a few milliseconds apart.
+var testSchedule = []time.Duration{0, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond,
+	20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
+
+// testKeyring derives the tests' webhook secrets.
+var testKeyring = func() webhooks.Keyring {
+	k, err := webhooks.NewKeyring([]byte("the tests' webhook signing key, 32 bytes at least"))
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
 
 // testBundle is a running API on its own database.
 type testBundle struct {
@@ -105,7 +126,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	// acquire timeout keeps a busy shared server from turning a queue into
 	// a 503.
 	o := options{maxConns: 4, acquireTimeout: 15 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10,
-		requestTimeout: 30 * time.Second, maxAttempts: 5}
+		requestTimeout: 30 * time.Second, maxAttempts: 5, urls: webhooks.URLPolicy{AllowPrivate: true}, webhookSchedule: testSchedule}
 	for _, f := range tweak {
 		f(&o)
 	}
@@ -176,10 +197,18 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	proc, err := processor.Measured(processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second,
 		Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))}), mp)
 	require.NoError(t, err)
-	b.reconciler = &reconcile.Reconciler{Pool: pool, Processor: proc, Batch: 100}
+	fanout := webhooks.Fanout{Schedule: o.webhookSchedule}
+	b.reconciler = &reconcile.Reconciler{Pool: pool, Processor: proc, Batch: 100, Events: fanout}
+	require.NoError(t, webhooks.RegisterMetrics(mp, maint, 0))
+	attempts, err := webhooks.NewAttemptCounter(mp)
+	require.NoError(t, err)
+	whClient := o.urls.Client(5*time.Second, outboxWorkers)
+	whClient.Transport = otelhttp.NewTransport(whClient.Transport, otelhttp.WithTracerProvider(tp))
 	workers := river.NewWorkers()
-	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc})
-	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc})
+	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
+	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
+	river.AddWorker(workers, &webhooks.Deliverer{Pool: pool, Keyring: testKeyring, Client: whClient,
+		Schedule: o.webhookSchedule, AttemptTimeout: 5 * time.Second, Attempts: attempts})
 	jobs, err := outbox.NewClient(pool, workers, outbox.Config{
 		Workers: outboxWorkers, JobTimeout: 10 * time.Second, RescueAfter: 30 * time.Second,
 		MaxAttempts: o.maxAttempts, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
@@ -208,6 +237,8 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		Pool:           pool,
 		Idempotency:    executor,
 		Outbox:         outbox.Writer{MaxAttempts: o.maxAttempts},
+		Keyring:        testKeyring,
+		URLs:           o.urls,
 		TracerProvider: tp,
 		MeterProvider:  mp,
 		Propagator:     propagation.TraceContext{},

@@ -160,7 +160,7 @@ func (e *Executor) allowNew(ctx context.Context, tx pgx.Tx, principal uuid.UUID)
 // response travel in one round trip.
 func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principal uuid.UUID, now time.Time, op Operation, res *Result) error {
 	b := &pgx.Batch{}
-	out, err := op.Execute(ctx, Work{Tx: tx, Batch: b, Now: now, Principal: principal})
+	out, err := op.Execute(ctx, Work{Tx: tx, Batch: b, Now: now, Principal: principal, RequestID: req.RequestID, Key: req.Key})
 	if err != nil {
 		return err
 	}
@@ -169,9 +169,10 @@ func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principa
 		state = StateFailed
 	}
 	// A body over the cap is stored as a reference to its resource and
-	// re-rendered on replay, so one huge response cannot bloat the table.
+	// re-rendered on replay, so one huge response cannot bloat the table;
+	// so is a body holding a secret, so that the table never holds one.
 	ref := ""
-	if e.cfg.MaxStoredResponseBytes > 0 && len(out.Body) > e.cfg.MaxStoredResponseBytes {
+	if out.Secret || e.cfg.MaxStoredResponseBytes > 0 && len(out.Body) > e.cfg.MaxStoredResponseBytes {
 		if out.ResourceRef == "" || op.Rederive == nil {
 			return errResponseTooLarge
 		}

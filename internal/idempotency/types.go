@@ -43,6 +43,10 @@ type Outcome struct {
 	// body is larger than Config.MaxStoredResponseBytes, the ref is stored
 	// instead and a replay calls Operation.Rederive with it.
 	ResourceRef string
+	// Secret marks a body that holds a secret the store must not keep (a
+	// webhook endpoint's signing secret): only ResourceRef is stored, as
+	// for a body over the cap, and a replay re-derives the body.
+	Secret bool
 }
 
 // Operation is an endpoint's part of the protocol.
@@ -76,6 +80,9 @@ type Work struct {
 	Now time.Time
 	// Principal is the authenticated caller, the transaction's tenant.
 	Principal uuid.UUID
+	// RequestID and Key name the request that executes: what a resource
+	// it creates records as its origin (its events name it).
+	RequestID, Key string
 }
 
 // Request is one attempt to run an Operation under a key.

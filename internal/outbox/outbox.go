@@ -55,9 +55,7 @@ func (w Writer) Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) err
 	if err != nil {
 		return fmt.Errorf("encode %s job: %w", args.Kind(), err)
 	}
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier)
-	meta, err := json.Marshal(carrier)
+	meta, err := Metadata(ctx)
 	if err != nil {
 		return fmt.Errorf("encode %s job metadata: %w", args.Kind(), err)
 	}
@@ -66,6 +64,16 @@ func (w Writer) Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) err
 		VALUES ($1, $2, $3, $4, 'default', 'available')`,
 		raw, args.Kind(), w.MaxAttempts, meta)
 	return nil
+}
+
+// Metadata is a job's metadata carrying ctx's trace, as otelriver's insert
+// middleware writes it: every attempt of the job is traced in that trace
+// (requestTrace). For a package that inserts jobs by its own SQL (webhooks'
+// fan-out, which inserts one per endpoint).
+func Metadata(ctx context.Context) ([]byte, error) {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	return json.Marshal(carrier)
 }
 
 // Client is the River client: it inserts jobs and, when started, works them.
@@ -200,13 +208,25 @@ type Effect[R any] struct {
 	// returns how to record its answer: statements to queue, which commit
 	// with the job's completion. An error means the outcome is unknown and
 	// the job is retried. last says it is the last attempt.
-	Call func(ctx context.Context, row R, last bool) (record func(b *pgx.Batch), err error)
+	Call func(ctx context.Context, row R, last bool) (record func(b *pgx.Batch) error, err error)
 }
 
 // completeSQL marks a running job completed, as River's JobCompleteTx does,
 // as a statement that can travel in the batch recording the job's answer.
 // River's own completion of the job, after Work returns, then finds it done.
 const completeSQL = `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = $1 AND state = 'running'`
+
+// QueueComplete queues the completion of job, a running job, on b, the
+// batch that records its answer: they commit together. b fails when the job
+// is no longer running (a rescuer gave it to another worker).
+func QueueComplete(b *pgx.Batch, job *rivertype.JobRow) {
+	b.Queue(completeSQL, job.ID).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("complete %s job %d: it is no longer running", job.Kind, job.ID)
+		}
+		return nil
+	})
+}
 
 // Perform runs one attempt of a job that carries an external effect, the
 // same way for every kind: read the row, call outside any transaction (a
@@ -221,7 +241,10 @@ const completeSQL = `UPDATE river_job SET state = 'completed', finalized_at = no
 // its round trips, and a busy outbox shares the CPU with the requests.
 func Perform[A river.JobArgs, R any](ctx context.Context, pool *database.Pool, principal uuid.UUID, job *river.Job[A], e Effect[R]) error {
 	var row R
-	err := database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) { e.Load(b, &row) })
+	err := database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) error {
+		e.Load(b, &row)
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("%s job %d: read its row: %w", job.Kind, job.ID, err)
 	}
@@ -232,14 +255,12 @@ func Perform[A river.JobArgs, R any](ctx context.Context, pool *database.Pool, p
 	if err != nil {
 		return err // River retries with backoff
 	}
-	err = database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) {
-		record(b)
-		b.Queue(completeSQL, job.ID).Exec(func(tag pgconn.CommandTag) error {
-			if tag.RowsAffected() != 1 {
-				return fmt.Errorf("complete %s job %d: it is no longer running", job.Kind, job.ID)
-			}
-			return nil
-		})
+	err = database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) error {
+		if err := record(b); err != nil {
+			return err
+		}
+		QueueComplete(b, job.JobRow)
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("%s job %d: record its answer: %w", job.Kind, job.ID, err)

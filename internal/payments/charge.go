@@ -9,6 +9,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 )
@@ -30,6 +31,8 @@ type ChargeWorker struct {
 	river.WorkerDefaults[ChargeArgs]
 	Pool      *database.Pool // the service role; the tenant is set per job
 	Processor processor.Processor
+	// Events takes each decided payment's event (webhook deliveries).
+	Events events.Fanout
 }
 
 // Work runs one attempt.
@@ -37,13 +40,13 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Payment]{
 		Load:    func(b *pgx.Batch, p *Payment) { QueueGet(b, job.Args.PaymentID, p) },
 		Pending: func(p Payment) bool { return p.Status == StatusProcessing },
-		Call: func(ctx context.Context, p Payment, last bool) (func(*pgx.Batch), error) {
+		Call: func(ctx context.Context, p Payment, last bool) (func(*pgx.Batch) error, error) {
 			res, err := w.Processor.Charge(ctx, processor.Charge{Key: p.ID.String(), Amount: p.Amount, Currency: p.Currency})
 			status, reason := Decision(err, last)
 			if status == "" {
 				return nil, fmt.Errorf("charge payment %s: %w", p.ID, err)
 			}
-			return func(b *pgx.Batch) { QueueSettle(b, p.ID, status, reason, res.ID) }, nil
+			return func(b *pgx.Batch) error { return QueueSettle(ctx, b, w.Events, p, status, reason, res.ID) }, nil
 		},
 	})
 }

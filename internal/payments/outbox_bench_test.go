@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
@@ -52,7 +53,7 @@ func BenchmarkOutbox(b *testing.B) {
 				for pb.Next() {
 					err := database.InTenantTx(ctx, pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
 						batch := &pgx.Batch{}
-						if _, err := payments.Create(ctx, batch, bc.jobs, principal, in, false, time.Now()); err != nil {
+						if _, err := payments.Create(ctx, batch, bc.jobs, principal, events.Request{}, in, false, time.Now()); err != nil {
 							return err
 						}
 						return tx.SendBatch(ctx, batch).Close()

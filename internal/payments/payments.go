@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
@@ -126,8 +127,9 @@ func (n NewPayment) Validate() error {
 // charge it, by queueing both on b, a batch of the request's transaction:
 // they commit with it or neither does. now is that transaction's now(), the
 // payment's created_at. live says whether the processor that will charge it
-// moves real money (Payment.Livemode).
-func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, principal uuid.UUID, n NewPayment, live bool, now time.Time) (Payment, error) {
+// moves real money (Payment.Livemode). req is the request that creates it,
+// named by the payment's events.
+func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, principal uuid.UUID, req events.Request, n NewPayment, live bool, now time.Time) (Payment, error) {
 	p := Payment{
 		Livemode:    live,
 		ID:          uuid.Must(uuid.NewV7()), // time-ordered: new rows land at the right edge of the primary key index
@@ -142,9 +144,9 @@ func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, principal uui
 		p.Metadata = map[string]string{}
 	}
 	b.Queue(`
-		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt)
+		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at, request_id, idempotency_key)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.ID, req.IdempotencyKey)
 	if err := jobs.Queue(ctx, b, ChargeArgs{PaymentID: p.ID, Principal: principal}); err != nil {
 		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
 	}
@@ -236,27 +238,57 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 	return list, false, nil
 }
 
-// Settle records the processor's answer for a payment not yet decided
-// (processing, or waiting for reconciliation) and reports whether it changed
-// the row: false when the payment was already decided, by an earlier run of
-// the job or by the reconciler, whose answer stands.
-func Settle(ctx context.Context, tx pgx.Tx, id uuid.UUID, status string, reason *string, processorID string) (bool, error) {
-	tag, err := tx.Exec(ctx, settleSQL, id, status, reason, processorID)
-	if err != nil {
-		return false, fmt.Errorf("settle payment %s: %w", id, err)
+// Settle records the processor's answer for payment p, not yet decided
+// (processing, or waiting for reconciliation), with the event that says so
+// and what fanout queues for it, and reports whether it changed the row:
+// false when the payment was already decided, by an earlier run of the job
+// or by the reconciler, whose answer (and event) stands.
+func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, p Payment, status string, reason *string, processorID string) (bool, error) {
+	b := &pgx.Batch{}
+	var changed bool
+	if err := queueSettle(ctx, b, fanout, p, status, reason, processorID, &changed); err != nil {
+		return false, err
 	}
-	return tag.RowsAffected() == 1, nil
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return false, fmt.Errorf("settle payment %s: %w", p.ID, err)
+	}
+	return changed, nil
 }
 
 // QueueSettle is Settle queued on b, for the outbox worker, which records
 // the answer in one round trip with its job's completion.
-func QueueSettle(b *pgx.Batch, id uuid.UUID, status string, reason *string, processorID string) {
-	b.Queue(settleSQL, id, status, reason, processorID)
+func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, p Payment, status string, reason *string, processorID string) error {
+	return queueSettle(ctx, b, fanout, p, status, reason, processorID, nil)
 }
 
+func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, p Payment, status string, reason *string, processorID string, changed *bool) error {
+	// The snapshot is the payment as it was read, with the answer: nothing
+	// else of an undecided payment changes (it cannot be refunded yet).
+	p.Status, p.FailureReason = status, reason
+	data, err := events.Data(p)
+	if err != nil {
+		return err
+	}
+	eventID := uuid.Must(uuid.NewV7())
+	b.Queue(settleSQL, p.ID, status, reason, processorID, eventID, events.Type("payment", status), data).Exec(func(tag pgconn.CommandTag) error {
+		if changed != nil {
+			*changed = tag.RowsAffected() == 1
+		}
+		return nil
+	})
+	return fanout.Queue(ctx, b, eventID)
+}
+
+// settleSQL moves the payment to its decided status and records the event
+// that says so, in one statement: the event exists if and only if this
+// statement changed the row.
 const settleSQL = `
-	UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
-	WHERE id = $1 AND status IN ('processing', 'requires_reconciliation') AND status <> $2`
+	WITH settled AS (
+		UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
+		WHERE id = $1 AND status IN ('processing', 'requires_reconciliation') AND status <> $2
+		RETURNING principal_id, request_id, idempotency_key, livemode)
+	INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
+	SELECT $5, principal_id, $6, $7, request_id, idempotency_key, livemode FROM settled`
 
 // addRefundedSQL adds $2 to what payment $1 has refunded. The table's CHECK
 // refuses a total above the payment's amount or below zero.

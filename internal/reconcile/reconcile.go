@@ -25,6 +25,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
@@ -42,6 +43,8 @@ type Reconciler struct {
 	Grace time.Duration
 	// Batch bounds the rows of each kind one run looks at.
 	Batch int
+	// Events takes the event of each row it decides (webhook deliveries).
+	Events events.Fanout
 }
 
 // Result counts what one run did.
@@ -112,9 +115,13 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	var status string
 	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
 		if c.kind == "payment" {
+			p, err := payments.Get(ctx, tx, c.id)
+			if err != nil {
+				return err
+			}
 			var reason *string
 			status, reason = payments.Decision(lookupErr, true)
-			_, err := payments.Settle(ctx, tx, c.id, status, reason, res.ID)
+			_, err = payments.Settle(ctx, tx, r.Events, p, status, reason, res.ID)
 			return err
 		}
 		rf, err := refunds.Get(ctx, tx, c.id)
@@ -123,7 +130,7 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 		}
 		var reason *string
 		status, reason = payments.Decision(lookupErr, true) // the same words for refunds
-		_, err = refunds.Settle(ctx, tx, rf, status, reason, res.ID)
+		_, err = refunds.Settle(ctx, tx, r.Events, rf, status, reason, res.ID)
 		return err
 	})
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
@@ -111,7 +112,8 @@ func (n NewRefund) Validate() error {
 // included, took. It returns *ExceedsError when the amount (by default, all
 // that remains) is more than remains, ErrPaymentFailed or ErrPaymentProcessing
 // for a payment that cannot be refunded (now), and payments.ErrNotFound.
-func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, principal, paymentID uuid.UUID, n NewRefund, now time.Time) (Refund, error) {
+// req is the request that makes the refund, named by its events.
+func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, principal uuid.UUID, req events.Request, paymentID uuid.UUID, n NewRefund, now time.Time) (Refund, error) {
 	p, err := payments.GetForUpdate(ctx, tx, paymentID)
 	if err != nil {
 		return Refund{}, err
@@ -142,9 +144,9 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, p
 	// Checked under the payment's lock, the writes need nothing more from
 	// the database: they travel in one round trip, with the response.
 	b.Queue(`
-		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt)
+		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey)
 	payments.QueueAddRefunded(b, p.ID, r.Amount)
 	if err := jobs.Queue(ctx, b, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
 		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
@@ -152,14 +154,19 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, p
 	return r, nil
 }
 
-// Settle records the processor's answer for a refund not yet decided
-// (pending, or waiting for reconciliation) and reports whether it changed the
-// row. A refund that failed gives its amount back to the payment, once: only
-// the statement that moves it to failed does. A refund waiting for
+// Settle records the processor's answer for refund r, not yet decided
+// (pending, or waiting for reconciliation), with the event that says so and
+// what fanout queues for it, and reports whether it changed the row. A
+// refund that failed gives its amount back to the payment, once: only the
+// statement that moves it to failed does. A refund waiting for
 // reconciliation keeps its amount counted, since the money may have moved.
-func Settle(ctx context.Context, tx pgx.Tx, r Refund, status string, reason *string, processorID string) (bool, error) {
+func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, r Refund, status string, reason *string, processorID string) (bool, error) {
+	b := &pgx.Batch{}
 	var changed bool
-	if err := tx.QueryRow(ctx, settleSQL, r.ID, status, reason, processorID).Scan(&changed); err != nil {
+	if err := queueSettle(ctx, b, fanout, r, status, reason, processorID, &changed); err != nil {
+		return false, err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return false, fmt.Errorf("settle refund %s: %w", r.ID, err)
 	}
 	return changed, nil
@@ -167,20 +174,44 @@ func Settle(ctx context.Context, tx pgx.Tx, r Refund, status string, reason *str
 
 // QueueSettle is Settle queued on b, for the outbox worker, which records
 // the answer in one round trip with its job's completion.
-func QueueSettle(b *pgx.Batch, r Refund, status string, reason *string, processorID string) {
-	b.Queue(settleSQL, r.ID, status, reason, processorID)
+func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, r Refund, status string, reason *string, processorID string) error {
+	return queueSettle(ctx, b, fanout, r, status, reason, processorID, nil)
 }
 
-// settleSQL moves the refund and, when it moved it to failed, gives its
-// amount back to its payment: one statement, so that the two cannot part.
+func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, r Refund, status string, reason *string, processorID string, changed *bool) error {
+	// The snapshot is the refund as it was read, with the answer: nothing
+	// else of a refund changes.
+	r.Status, r.FailureReason = status, reason
+	data, err := events.Data(r)
+	if err != nil {
+		return err
+	}
+	eventID := uuid.Must(uuid.NewV7())
+	b.Queue(settleSQL, r.ID, status, reason, processorID, eventID, events.Type("refund", status), data).QueryRow(func(row pgx.Row) error {
+		var moved bool
+		err := row.Scan(&moved)
+		if changed != nil {
+			*changed = moved
+		}
+		return err
+	})
+	return fanout.Queue(ctx, b, eventID)
+}
+
+// settleSQL moves the refund, records the event that says so, and, when it
+// moved it to failed, gives its amount back to its payment: one statement,
+// so that none of the three can happen without the others.
 const settleSQL = `
 	WITH settled AS (
 		UPDATE refunds SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
 		WHERE id = $1 AND status IN ('pending', 'requires_reconciliation') AND status <> $2
-		RETURNING payment_id, amount, status),
+		RETURNING principal_id, payment_id, amount, status, request_id, idempotency_key, livemode),
 	given_back AS (
 		UPDATE payments p SET amount_refunded = p.amount_refunded - s.amount
-		FROM settled s WHERE p.id = s.payment_id AND s.status = 'failed')
+		FROM settled s WHERE p.id = s.payment_id AND s.status = 'failed'),
+	event AS (
+		INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
+		SELECT $5, principal_id, $6, $7, request_id, idempotency_key, livemode FROM settled)
 	SELECT EXISTS (SELECT FROM settled)`
 
 // QueueGet is Get queued on b: *r is the refund once b has run, and b fails

@@ -9,6 +9,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
@@ -32,6 +33,8 @@ type Worker struct {
 	river.WorkerDefaults[Args]
 	Pool      *database.Pool
 	Processor processor.Processor
+	// Events takes each decided refund's event (webhook deliveries).
+	Events events.Fanout
 }
 
 // Work runs one attempt.
@@ -39,7 +42,7 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Refund]{
 		Load:    func(b *pgx.Batch, r *Refund) { QueueGet(b, job.Args.RefundID, r) },
 		Pending: func(r Refund) bool { return r.Status == StatusPending },
-		Call: func(ctx context.Context, r Refund, last bool) (func(*pgx.Batch), error) {
+		Call: func(ctx context.Context, r Refund, last bool) (func(*pgx.Batch) error, error) {
 			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ID.String(), ChargeKey: r.PaymentID.String(), Amount: r.Amount, Currency: r.Currency})
 			// The decided statuses are the same words for refunds and
 			// payments (succeeded, failed, requires_reconciliation).
@@ -47,7 +50,7 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 			if status == "" {
 				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
 			}
-			return func(b *pgx.Batch) { QueueSettle(b, r, status, reason, res.ID) }, nil
+			return func(b *pgx.Batch) error { return QueueSettle(ctx, b, w.Events, r, status, reason, res.ID) }, nil
 		},
 	})
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
@@ -180,7 +181,7 @@ func (l *Lab) pay(ctx context.Context, e *idempotency.Executor, principal caller
 	in := payments.NewPayment{Amount: &amount, Currency: "usd", Metadata: map[string]string{"intent": key}}
 	return e.Do(ctx, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, w.Batch, l.jobs, w.Principal, in, false, w.Now)
+			p, err := payments.Create(ctx, w.Batch, l.jobs, w.Principal, events.Request{}, in, false, w.Now)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}

@@ -1,0 +1,180 @@
+// Package events owns the events table: the record of every status change of
+// a payment or a refund, with a snapshot of the object as it became, read by
+// GET /v1/events and pushed to webhook endpoints (package webhooks).
+//
+// An event is written by the statement that makes the change it describes
+// (payments.settleSQL, refunds.settleSQL): a change that commits has its
+// event, one that rolls back has none, and a change made twice (a rescued
+// job, the reconciler after a worker) is made, and recorded, once.
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/validation"
+)
+
+// Retention is how long an event is kept, and listable: the promise
+// openapi.yaml and docs/webhooks.md publish, and migration 14's guard on the
+// maintenance role's deletes.
+const Retention = 30 * 24 * time.Hour
+
+// ListLimit is the most events one list response holds.
+const ListLimit = 100
+
+// ErrNotFound means no event with that id is visible to the principal.
+var ErrNotFound = errors.New("event not found")
+
+// Event is a recorded event as clients see it, in GET /v1/events and as a
+// webhook's body.
+type Event struct {
+	ID   uuid.UUID `json:"id"`
+	Type string    `json:"type"`
+	// Data is {"object": ...}: the payment or refund as it became.
+	Data json.RawMessage `json:"data"`
+	// Request names the request that created the object.
+	Request  Request   `json:"request"`
+	Livemode bool      `json:"livemode"`
+	Created  time.Time `json:"created_at"`
+}
+
+// Request is the request that created an event's object: its request id
+// (X-Request-Id of the attempt that executed) and its Idempotency-Key. Both
+// are null for objects made before they were recorded.
+type Request struct {
+	ID             *string `json:"id"`
+	IdempotencyKey *string `json:"idempotency_key"`
+}
+
+// Type names an event for a change of an object of kind ("payment",
+// "refund") to status: "payment.succeeded", "refund.failed".
+func Type(kind, status string) string { return kind + "." + status }
+
+// Data renders an object as an event's data.
+func Data(object any) ([]byte, error) {
+	raw, err := json.Marshal(struct {
+		Object any `json:"object"`
+	}{object})
+	if err != nil {
+		return nil, fmt.Errorf("render event data: %w", err)
+	}
+	return raw, nil
+}
+
+const columns = `id, type, data, request_id, idempotency_key, livemode, created_at`
+
+func scan(row pgx.Row) (Event, error) {
+	var e Event
+	err := row.Scan(&e.ID, &e.Type, &e.Data, &e.Request.ID, &e.Request.IdempotencyKey, &e.Livemode, &e.Created)
+	return e, err
+}
+
+// Get returns the event with id; other principals' events are invisible.
+func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Event, error) {
+	e, err := scan(db.QueryRow(ctx, `SELECT `+columns+` FROM events WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Event{}, ErrNotFound
+	}
+	if err != nil {
+		return Event{}, fmt.Errorf("get event: %w", err)
+	}
+	return e, nil
+}
+
+// QueueGet is Get queued on b: *e is the event once b has run, and b fails
+// with ErrNotFound when there is none.
+func QueueGet(b *pgx.Batch, id uuid.UUID, e *Event) {
+	b.Queue(`SELECT `+columns+` FROM events WHERE id = $1`, id).QueryRow(func(row pgx.Row) (err error) {
+		*e, err = scan(row)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		return err
+	})
+}
+
+// List returns up to limit of the principal's events, after the event with
+// id after when it is not nil, and whether there are more. The order is
+// final when an event becomes visible, as payments.List's: by the creating
+// transaction's id, showing only events whose transaction is older than
+// every one still running. A client that follows the cursor sees every
+// event once, in the order the changes committed.
+func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([]Event, bool, error) {
+	rows, err := db.Query(ctx, `
+		SELECT `+columns+` FROM events
+		WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid
+		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND ($1::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM events c WHERE c.id = $1))
+		ORDER BY xid, id LIMIT $2`, after, limit+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("list events: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) { return scan(row) })
+	if err != nil {
+		return nil, false, fmt.Errorf("list events: %w", err)
+	}
+	if len(list) == 0 && after != nil {
+		if _, err := Get(ctx, db, *after); errors.Is(err, ErrNotFound) {
+			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
+		} else if err != nil {
+			return nil, false, err
+		}
+	}
+	if len(list) > limit {
+		return list[:limit], true, nil
+	}
+	return list, false, nil
+}
+
+// Fanout queues, on a batch of the transaction that records an event, what
+// must happen because of it: webhooks.Fanout inserts one delivery job per
+// endpoint. It is called after the statement that may insert the event, and
+// does nothing when that statement inserted none (the change was already
+// made). ctx carries the trace the deliveries continue.
+type Fanout interface {
+	Queue(ctx context.Context, b *pgx.Batch, eventID uuid.UUID) error
+}
+
+// sweepChunkSQL deletes at most $1 events older than the retention, oldest
+// first, through the created_at index. Events are never updated, so nothing
+// can revive a row between the pick and the delete; the maintenance role's
+// policy refuses a younger row anyway.
+const sweepChunkSQL = `
+	DELETE FROM events WHERE id IN (
+		SELECT id FROM events WHERE created_at < now() - $2::interval
+		ORDER BY created_at LIMIT $1)`
+
+// Sweep deletes the events older than Retention in chunks of chunk rows,
+// pausing between them, and returns how many it deleted. pool connects as
+// the maintenance role. Their delivery attempts go with them.
+func Sweep(ctx context.Context, pool *database.Pool, chunk int, pause time.Duration) (int64, error) {
+	var total int64
+	for {
+		var n int64
+		err := pool.WithConn(ctx, func(c database.DBTX) error {
+			tag, err := c.Exec(ctx, sweepChunkSQL, chunk, Retention)
+			n = tag.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("sweep events: %w", err)
+		}
+		total += n
+		if n < int64(chunk) {
+			return total, nil
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+}

@@ -1,0 +1,205 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/webhooks"
+)
+
+// webhookRoutes serves /v1/webhook_endpoints. Every change is an idempotent
+// request, like a payment: a client that lost the answer to a creation
+// retries with the same key and gets the same endpoint, not a second one.
+func (a *api) webhookRoutes() chi.Router {
+	r := chi.NewRouter()
+	r.Use(requireScope(auth.ScopeWebhooksWrite))
+	r.Post("/", a.createEndpoint)
+	r.Get("/", a.listEndpoints)
+	r.Get("/{id}", a.getEndpoint)
+	r.Delete("/{id}", a.deleteEndpoint)
+	r.Post("/{id}/rotate_secret", a.rotateSecret)
+	r.Get("/{id}/deliveries", a.listDeliveries)
+	return r
+}
+
+// endpointList is the body of GET /v1/webhook_endpoints: every endpoint
+// (there are at most webhooks.MaxEndpoints), so has_more is always false.
+type endpointList struct {
+	Data    []webhooks.Endpoint `json:"data"`
+	HasMore bool                `json:"has_more"`
+}
+
+// deliveryList is the body of GET /v1/webhook_endpoints/{id}/deliveries.
+type deliveryList struct {
+	Data    []webhooks.Delivery `json:"data"`
+	HasMore bool                `json:"has_more"`
+}
+
+// noBody is the body of a request that takes none (a rotation, a
+// deletion): empty, or {}.
+type noBody struct{}
+
+func (noBody) Validate() error { return nil }
+
+func (a *api) createEndpoint(w http.ResponseWriter, r *http.Request) {
+	var in webhooks.NewEndpoint
+	req, err := a.parseIdempotent(w, r, &in)
+	if err == nil {
+		// The host's addresses are checked before the claim, like every
+		// other validation: a refused URL consumes no key.
+		if cerr := a.urls.Check(r.Context(), in.URL); cerr != nil {
+			err = a.refuse(r, cerr)
+		}
+	}
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	a.runIdempotent(w, r, req, idempotency.Operation{
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			e, err := webhooks.Create(ctx, w.Tx, a.keyring, w.Principal, in, w.Now)
+			if errors.Is(err, webhooks.ErrTooManyEndpoints) {
+				return storedProblem(r, ptTooManyEndpoints, fmt.Sprintf("This account has %d webhook endpoints, the most it may have. Delete one first.", webhooks.MaxEndpoints)), nil
+			}
+			if err != nil {
+				return idempotency.Outcome{}, err
+			}
+			return a.secretOutcome(http.StatusCreated, e)
+		},
+		Rederive: a.rederiveSecret(http.StatusCreated),
+	})
+}
+
+func (a *api) rotateSecret(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	req, err := a.parseIdempotent(w, r, &noBody{})
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	a.runIdempotent(w, r, req, idempotency.Operation{
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			e, err := webhooks.RotateSecret(ctx, w.Tx, a.keyring, id)
+			if err != nil {
+				return idempotency.Outcome{}, err
+			}
+			return a.secretOutcome(http.StatusOK, e)
+		},
+		Rederive:    a.rederiveSecret(http.StatusOK),
+		Reauthorize: endpointVisible(id),
+	})
+}
+
+// secretOutcome renders an endpoint showing its secret. The idempotency
+// store keeps only which secret it was (Outcome.Secret), never the secret.
+func (a *api) secretOutcome(status int, e webhooks.Endpoint) (idempotency.Outcome, error) {
+	resp, err := renderJSON(status, e)
+	return idempotency.Outcome{Response: resp, ResourceRef: e.SecretRef(), Secret: true}, err
+}
+
+// rederiveSecret renders, for a replay, the endpoint as it is now with the
+// secret the original response showed (webhooks.Endpoint.SecretRef).
+func (a *api) rederiveSecret(status int) func(context.Context, pgx.Tx, string) (idempotency.Response, error) {
+	return func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
+		id, version, err := webhooks.ParseSecretRef(ref)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		e, err := webhooks.Get(ctx, tx, id)
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		return renderJSON(status, e.WithSecret(a.keyring, version))
+	}
+}
+
+// endpointVisible lets a replay through only while the endpoint is still
+// the caller's (row-level security hides it otherwise).
+func endpointVisible(id uuid.UUID) func(context.Context, pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := webhooks.Get(ctx, tx, id)
+		return err
+	}
+}
+
+func (a *api) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	req, err := a.parseIdempotent(w, r, &noBody{})
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	a.runIdempotent(w, r, req, idempotency.Operation{
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			e, err := webhooks.Delete(ctx, w.Tx, id)
+			if err != nil {
+				return idempotency.Outcome{}, err
+			}
+			resp, err := renderJSON(http.StatusOK, e)
+			return idempotency.Outcome{Response: resp, ResourceRef: e.ID.String()}, err
+		},
+		Rederive:    rederive(webhooks.Get),
+		Reauthorize: endpointVisible(id),
+	})
+}
+
+func (a *api) listEndpoints(w http.ResponseWriter, r *http.Request) {
+	var list endpointList
+	err := a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
+		list.Data, err = webhooks.List(ctx, tx)
+		return err
+	})
+	a.respond(w, r, list, err)
+}
+
+func (a *api) getEndpoint(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var e webhooks.Endpoint
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
+		e, err = webhooks.Get(ctx, tx, id)
+		if err == nil && e.Status == webhooks.StatusDeleted {
+			err = webhooks.ErrNotFound
+		}
+		return err
+	})
+	a.respond(w, r, e, err)
+}
+
+func (a *api) listDeliveries(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	pg, err := parsePage(r, webhooks.DeliveriesLimit)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var list deliveryList
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
+		list.Data, list.HasMore, err = webhooks.ListDeliveries(ctx, tx, id, pg.after, pg.limit)
+		return err
+	})
+	a.respond(w, r, list, err)
+}

@@ -1,0 +1,203 @@
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
+)
+
+// DefaultSchedule is when each attempt of a delivery is made, counted from
+// the previous failure: the Standard Webhooks specification's example. Eight
+// attempts over about 28 hours; a receiver that is down for longer misses
+// the event (it stays listable in GET /v1/events for 30 days).
+var DefaultSchedule = []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute,
+	2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
+
+// DeliveryArgs is the outbox job that delivers one event to one endpoint.
+type DeliveryArgs struct {
+	EventID    uuid.UUID `json:"event_id"`
+	EndpointID uuid.UUID `json:"endpoint_id"`
+	Principal  uuid.UUID `json:"principal_id"`
+}
+
+// Kind names the job in River's table.
+func (DeliveryArgs) Kind() string { return deliveryKind }
+
+const deliveryKind = "deliver_webhook"
+
+// Fanout implements events.Fanout: one delivery job per enabled endpoint of
+// the event's principal, inserted by one statement in the event's own
+// transaction. The jobs carry the trace of ctx (the worker that decided
+// the payment, itself in the trace of the request that made it), so one
+// trace shows request, charge, event and delivery.
+type Fanout struct {
+	// Schedule is the delivery schedule; its length is each job's attempts.
+	Schedule []time.Duration
+}
+
+// Queue implements events.Fanout.
+func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, eventID uuid.UUID) error {
+	meta, err := outbox.Metadata(ctx)
+	if err != nil {
+		return fmt.Errorf("encode delivery job metadata: %w", err)
+	}
+	// No event (the change was already made): no row joins, no job.
+	b.Queue(`
+		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
+		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id),
+		       '`+deliveryKind+`', $2, $3, 'default', 'available'
+		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id AND w.status = 'enabled'
+		WHERE e.id = $1`, eventID, len(f.Schedule), meta)
+	return nil
+}
+
+// Outcomes of an attempt, as recorded in webhook_deliveries_total.
+const (
+	OutcomeDelivered = "delivered" // 2xx: done
+	OutcomeGone      = "gone"      // 410: the endpoint is disabled, done
+	OutcomeFailed    = "failed"    // anything else: tried again on the schedule
+)
+
+// Deliverer is the outbox worker that delivers an event to an endpoint.
+type Deliverer struct {
+	river.WorkerDefaults[DeliveryArgs]
+	Pool    *database.Pool // the service role; the tenant is set per job
+	Keyring Keyring
+	// Client makes the POST: URLPolicy.Client's, whose dialer refuses
+	// non-public addresses.
+	Client *http.Client
+	// Schedule is Fanout's: when each next attempt is made.
+	Schedule []time.Duration
+	// AttemptTimeout bounds one POST (the client's own timeout should be
+	// the same); the job's timeout is a little longer.
+	AttemptTimeout time.Duration
+	// Attempts counts attempts by outcome (NewAttemptCounter); nil: none.
+	Attempts metric.Int64Counter
+}
+
+// NextRetry follows the schedule: after attempt n failed, attempt n+1 is
+// made Schedule[n] later.
+func (d *Deliverer) NextRetry(job *river.Job[DeliveryArgs]) time.Time {
+	return time.Now().Add(d.Schedule[min(job.Attempt, len(d.Schedule)-1)])
+}
+
+// Timeout bounds an attempt of the job: the POST, and the two round trips
+// around it.
+func (d *Deliverer) Timeout(*river.Job[DeliveryArgs]) time.Duration {
+	return d.AttemptTimeout + 10*time.Second
+}
+
+// Work makes one attempt: read the event and the endpoint, POST the event
+// signed, record the attempt. A 2xx or a 410 ends the job in the same
+// transaction as the attempt's record; anything else records the attempt
+// and returns an error, so River makes the next attempt on the schedule.
+func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) error {
+	a := job.Args
+	var ev events.Event
+	var ep Endpoint
+	var found bool
+	err := database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
+		events.QueueGet(b, a.EventID, &ev)
+		queueGetForDelivery(b, a.EndpointID, &ep, &found)
+		return nil
+	})
+	if errors.Is(err, events.ErrNotFound) {
+		return nil // swept after its retention: nothing left to send
+	}
+	if err != nil {
+		return fmt.Errorf("webhook delivery %d: read event and endpoint: %w", job.ID, err)
+	}
+	if !found || ep.Status != StatusEnabled {
+		return nil // deleted, or disabled by a 410, since the job was queued
+	}
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("webhook delivery %d: render event: %w", job.ID, err)
+	}
+	at := time.Now()
+	sig, err := d.Keyring.Sign(ep, ev.ID.String(), at, body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("webhook delivery %d: %w", job.ID, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "idempotent-payments-webhooks/1")
+	req.Header.Set("webhook-id", ev.ID.String())
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(at.Unix(), 10))
+	req.Header.Set("webhook-signature", sig)
+
+	start := time.Now()
+	resp, postErr := d.Client.Do(req)
+	rec := Delivery{ID: uuid.Must(uuid.NewV7()), EndpointID: ep.ID, EventID: ev.ID, Attempt: job.Attempt}
+	if postErr == nil {
+		// Read (a bounded part of) the answer so the connection is reused.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+		rec.StatusCode = &resp.StatusCode
+	} else {
+		// The URL may carry the receiver's own token: it stays out of the
+		// record and of the job's error (which River logs).
+		var ue *url.Error
+		if errors.As(postErr, &ue) {
+			postErr = ue.Err
+		}
+		msg := postErr.Error()
+		if len(msg) > 500 {
+			msg = msg[:500]
+		}
+		rec.Error = &msg
+	}
+	rec.DurationMS = int(time.Since(start).Milliseconds())
+
+	outcome := OutcomeFailed
+	switch {
+	case postErr != nil:
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		outcome = OutcomeDelivered
+	case resp.StatusCode == http.StatusGone:
+		outcome = OutcomeGone
+	}
+	if d.Attempts != nil {
+		d.Attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
+	}
+	err = database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
+		queueRecord(b, a.Principal, rec)
+		if outcome == OutcomeGone {
+			b.Queue(disableSQL, ep.ID)
+		}
+		if outcome != OutcomeFailed {
+			outbox.QueueComplete(b, job.JobRow)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("webhook delivery %d: record attempt %d: %w", job.ID, job.Attempt, err)
+	}
+	if outcome == OutcomeFailed {
+		if postErr != nil {
+			return fmt.Errorf("webhook delivery %d: attempt %d: %w", job.ID, job.Attempt, postErr)
+		}
+		return fmt.Errorf("webhook delivery %d: attempt %d: the receiver answered %d", job.ID, job.Attempt, resp.StatusCode)
+	}
+	return nil
+}
