@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -135,6 +136,14 @@ type phaseStats struct {
 	// had not, so the retry executed it once).
 	UnknownThenReplayed int `json:"unknown_then_replayed"`
 	UnknownThenExecuted int `json:"unknown_then_executed"`
+	// LongestWithoutSuccess is the longest time in the phase with no
+	// client getting a payment's 201: how long the fault kept payments
+	// from being taken, as clients saw it. (A refund may wait longer, for
+	// its payment's charge.)
+	LongestWithoutSuccess time.Duration `json:"longest_without_201_ns"`
+	// NoPrimary, in the failover mode, is the longest time in the phase
+	// that a new connection found no primary to write to.
+	NoPrimary time.Duration `json:"no_primary_ns,omitempty"`
 	// Broken names the invariants that did not hold after the phase.
 	Broken []string `json:"invariants_broken"`
 }
@@ -147,6 +156,19 @@ type ledger struct {
 	payments map[string]int64 // acknowledged payment id -> amount
 	ids      []string         // the same ids, for choosing one to refund
 	refunds  map[string]bool  // acknowledged refund ids
+	// acked are the intents answered 201, with the id they were told, to
+	// send again at the end (resend); intentOf maps a payment id to its
+	// intent's key.
+	acked    []ackedIntent
+	intentOf map[string]string
+	// lastSuccess is when a client last got a payment's 201.
+	lastSuccess time.Time
+	// reexecuted counts acknowledged intents that, sent again with their
+	// key, were not replayed: they executed a second time.
+	reexecuted int
+	// lostCharged counts acknowledged payments missing from the database
+	// that the processor had charged.
+	lostCharged int
 	// noEffect holds the request ids of attempts answered "no effect".
 	noEffect map[string]bool
 	// unresolved intents: no final answer within the intent deadline.
@@ -159,7 +181,8 @@ type ledger struct {
 }
 
 func newLedger(names []string) *ledger {
-	l := &ledger{payments: map[string]int64{}, refunds: map[string]bool{}, noEffect: map[string]bool{}}
+	l := &ledger{payments: map[string]int64{}, refunds: map[string]bool{}, noEffect: map[string]bool{},
+		intentOf: map[string]string{}, lastSuccess: time.Now()}
 	for _, n := range names {
 		l.phases = append(l.phases, &phaseStats{Name: n, Replies: map[string]int{}})
 	}
@@ -170,6 +193,7 @@ func (l *ledger) setPhase(i int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.phase = i
+	l.lastSuccess = time.Now()
 }
 
 func (l *ledger) addFaults(n int) {
@@ -181,11 +205,11 @@ func (l *ledger) addFaults(n int) {
 // next makes a new intent: mostly payments, and a refund of an acknowledged
 // payment a quarter of the time. Refunds of up to half the amount make some
 // payments run out, which exercises the stored 422.
-func (l *ledger) next(rng *rand.Rand) intent {
+func (l *ledger) next(rng *rand.Rand, paymentsOnly bool) intent {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	in := intent{key: uuid.NewString(), amount: 100 + rng.Int64N(10_000), phase: l.phase}
-	if len(l.ids) > 0 && rng.IntN(4) == 0 {
+	if !paymentsOnly && len(l.ids) > 0 && rng.IntN(4) == 0 {
 		in.paymentID = l.ids[rng.IntN(len(l.ids))]
 		in.amount = 1 + rng.Int64N(l.payments[in.paymentID]/2)
 	}
@@ -220,15 +244,78 @@ func (l *ledger) record(in *intent, r reply) {
 			l.phases[in.unknownPhase].UnknownThenExecuted++
 		}
 	}
+	if r.status == http.StatusCreated {
+		if in.paymentID == "" {
+			now := time.Now()
+			ps.LongestWithoutSuccess = max(ps.LongestWithoutSuccess, now.Sub(l.lastSuccess))
+			l.lastSuccess = now
+		}
+		l.acked = append(l.acked, ackedIntent{in: *in, id: r.id}) // a 201 is final: once per intent
+	}
 	switch {
 	case r.status == http.StatusCreated && in.paymentID == "":
 		if _, seen := l.payments[r.id]; !seen {
 			l.payments[r.id] = in.amount
 			l.ids = append(l.ids, r.id)
+			l.intentOf[r.id] = in.key
 		}
 	case r.status == http.StatusCreated:
 		l.refunds[r.id] = true
 	}
+}
+
+// closePhase counts the time since the last payment's 201 into the phase's longest
+// stretch without one.
+func (l *ledger) closePhase() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ps := l.phases[l.phase]
+	ps.LongestWithoutSuccess = max(ps.LongestWithoutSuccess, time.Since(l.lastSuccess))
+}
+
+// ackedIntent is an intent a client was answered 201 for, and the id it was
+// told.
+type ackedIntent struct {
+	in intent
+	id string
+}
+
+// resend sends every acknowledged intent once more with its key, retrying
+// what is not final, and counts those not replayed as they were
+// acknowledged. A client whose 201 was lost on the way does exactly this,
+// and the service promised it the same answer.
+func resend(ctx context.Context, c *client, l *ledger, deadline time.Duration) {
+	l.mu.Lock()
+	acked := slices.Clone(l.acked)
+	l.mu.Unlock()
+	var (
+		wg   sync.WaitGroup
+		next = make(chan ackedIntent)
+	)
+	for range 16 {
+		wg.Go(func() {
+			for a := range next {
+				start := time.Now()
+				var r reply
+				for time.Since(start) < deadline && ctx.Err() == nil {
+					if r = c.send(ctx, a.in); r.final() {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if r.status != http.StatusCreated || !r.replayed || r.id != a.id {
+					l.mu.Lock()
+					l.reexecuted++
+					l.mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, a := range acked {
+		next <- a
+	}
+	close(next)
+	wg.Wait()
 }
 
 func (l *ledger) finish(in intent, took time.Duration, resolved bool) {
@@ -245,7 +332,10 @@ func (l *ledger) finish(in intent, took time.Duration, resolved bool) {
 // work runs intents until stop is closed, each retried with its key until a
 // final answer or the deadline. It retries faster than Retry-After asks (50 to
 // 150 ms), to press the service harder than a polite client would.
-func work(ctx context.Context, c *client, l *ledger, stop <-chan struct{}, deadline time.Duration, seed uint64) {
+//
+// A paymentsOnly client makes payments alone: one that never waits on a
+// refund's payment, whose answers time how long payments could not be taken.
+func work(ctx context.Context, c *client, l *ledger, stop <-chan struct{}, deadline time.Duration, seed uint64, paymentsOnly bool) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	for {
 		select {
@@ -253,7 +343,7 @@ func work(ctx context.Context, c *client, l *ledger, stop <-chan struct{}, deadl
 			return
 		default:
 		}
-		in := l.next(rng)
+		in := l.next(rng, paymentsOnly)
 		start := time.Now()
 		resolved := false
 		for time.Since(start) < deadline && ctx.Err() == nil {

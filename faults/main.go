@@ -5,6 +5,8 @@
 //
 //	go run ./faults                       # about a minute, on the local PostgreSQL
 //	go run ./faults -phase 30s -workers 32
+//	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 3 min
+//	go run ./faults -failover -standby async  # the same with an asynchronous standby: it loses payments
 //
 // It creates a database of its own (payments_faults_<time>) on the server
 // -database-url names, applies the migrations, and drops it afterwards
@@ -42,11 +44,30 @@ func main() {
 	fs.DurationVar(&cfg.intentDeadline, "intent-deadline", 30*time.Second, "a client gives up on an intent after this")
 	fs.DurationVar(&cfg.idleInTx, "idle-in-tx", 2*time.Second, "the API's DB_IDLE_IN_TX_TIMEOUT: how long a vanished holder keeps a key")
 	fs.StringVar(&cfg.out, "out", "faults-out", "directory for api.log and results.json")
+	failover := fs.Bool("failover", false, "instead of the proxy's faults, failovers of a pg_auto_failover formation this starts (scripts/failover-cluster); each phase lasts at least 15 s")
+	standby := fs.String("standby", "sync", "with -failover: sync (the formation's default, synchronous replication) or async (synchronous_commit = local: the lesson of docs/reliability.md)")
+	failoverPort := fs.Int("failover-port", 54330, "with -failover: the monitor's port; the nodes take the next two")
 	_ = fs.Parse(os.Args[1:])
+	if *standby != "sync" && *standby != "async" {
+		fmt.Fprintln(os.Stderr, "faults: -standby is sync or async")
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	held, err := runOnOwnDatabase(ctx, *serverURL, *keep, cfg, os.Stdout, os.Stderr)
+	var held bool
+	var err error
+	if *failover {
+		cfg.phase = max(cfg.phase, 15*time.Second)
+		// A charge whose worker lost its connection at the failover stays
+		// running until River's rescuer (every 30 s) takes it back after
+		// OUTBOX_RESCUE_AFTER (10 s here); a refund of that payment waits
+		// for it, and so does its client.
+		cfg.intentDeadline = max(cfg.intentDeadline, 90*time.Second)
+		held, err = runFailover(ctx, *failoverPort, *standby == "async", *keep, cfg, os.Stdout, os.Stderr)
+	} else {
+		held, err = runOnOwnDatabase(ctx, *serverURL, *keep, cfg, os.Stdout, os.Stderr)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "faults:", err)
 		os.Exit(2)
@@ -79,6 +100,28 @@ func runOnOwnDatabase(ctx context.Context, serverURL string, keep bool, cfg conf
 	if err := database.Migrate(ctx, cfg.adminURL); err != nil {
 		return false, err
 	}
+	return runAndReport(ctx, cfg, stdout, progress)
+}
+
+// runFailover starts a pg_auto_failover formation, runs the failover phases
+// against it, and (unless keep) stops and deletes it.
+func runFailover(ctx context.Context, port int, async, keep bool, cfg config, stdout, progress io.Writer) (bool, error) {
+	c, adminURL, err := startCluster(ctx, port, async, progress)
+	if c != nil && !keep {
+		defer c.stop(progress)
+	}
+	if err != nil {
+		return false, err
+	}
+	cfg.adminURL, cfg.cluster = adminURL, c
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return false, err
+	}
+	return runAndReport(ctx, cfg, stdout, progress)
+}
+
+// runAndReport runs the suite, prints the report and writes results.json.
+func runAndReport(ctx context.Context, cfg config, stdout, progress io.Writer) (bool, error) {
 	res, err := run(ctx, cfg, progress)
 	if err != nil {
 		return false, err
@@ -105,18 +148,26 @@ func dropDatabase(serverURL, name string, progress io.Writer) {
 // writeReport prints the phases and the invariants as two tables.
 func writeReport(w io.Writer, res *Results) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tunknown: committed/not\tlongest intent\tinvariants\treplies")
+	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tunknown: committed/not\tlongest intent\tlongest without a payment 201\tno primary\tinvariants\treplies")
 	for _, p := range res.Phases {
 		held := "held"
 		if len(p.Broken) > 0 {
 			held = fmt.Sprintf("%d broken", len(p.Broken))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/%d\t%s\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts,
-			p.UnknownThenReplayed, p.UnknownThenExecuted, p.LongestIntent.Round(time.Millisecond), held, replies(p.Replies))
+		noPrimary := "-"
+		if p.NoPrimary > 0 {
+			noPrimary = p.NoPrimary.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts,
+			p.UnknownThenReplayed, p.UnknownThenExecuted, p.LongestIntent.Round(time.Millisecond),
+			p.LongestWithoutSuccess.Round(10*time.Millisecond), noPrimary, held, replies(p.Replies))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d payments, %d refunds in %s. %d outcome-unknown answers; retried with the same key, %d intents turned out to have committed (replayed) and %d not (executed once)\n\n",
 		res.Payments, res.Refunds, res.Duration.Round(time.Second), res.Unknown, res.UnknownCommitted, res.UnknownNotCommitted)
+	if res.LostCharged > 0 {
+		fmt.Fprintf(w, "%d of the acknowledged payments the database lost had been charged by the processor\n\n", res.LostCharged)
+	}
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "invariant (after the last phase)\tfound\tholds")
 	for _, c := range res.Invariants {

@@ -28,6 +28,11 @@ type config struct {
 	intentDeadline time.Duration // a client gives up on an intent after this
 	idleInTx       time.Duration // the API's DB_IDLE_IN_TX_TIMEOUT
 	out            string        // api.log goes here
+	// cluster, when set, is a pg_auto_failover formation that adminURL
+	// reaches through a multi-host URL: the API connects to it directly,
+	// and the phases are failovers (failoverPhases) instead of the proxy's
+	// faults.
+	cluster *cluster
 }
 
 // Results is what a run saw.
@@ -41,6 +46,9 @@ type Results struct {
 	UnknownCommitted    int           `json:"unknown_then_replayed"`
 	UnknownNotCommitted int           `json:"unknown_then_executed"`
 	Duration            time.Duration `json:"duration_ns"`
+	// LostCharged counts the acknowledged payments missing from the
+	// database that the processor had charged (see verify).
+	LostCharged int `json:"lost_payments_charged"`
 }
 
 // Held reports whether every invariant held.
@@ -92,14 +100,19 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return nil, fmt.Errorf("create api key: %w", err)
 	}
 
-	proxy, err := faultproxy.Start(fmt.Sprintf("%s:%d", adminCfg.ConnConfig.Host, adminCfg.ConnConfig.Port))
-	if err != nil {
-		return nil, err
-	}
-	defer proxy.Close()
-	appURL, err := proxy.Via(database.WithUser(cfg.adminURL, "payments_app"))
-	if err != nil {
-		return nil, err
+	// Behind the fault proxy, unless the faults are failovers: then the API
+	// connects as a service would, with the formation's multi-host URL.
+	var proxy *faultproxy.Proxy
+	appURL := database.WithUser(cfg.adminURL, "payments_app")
+	if cfg.cluster == nil {
+		proxy, err = faultproxy.Start(fmt.Sprintf("%s:%d", adminCfg.ConnConfig.Host, adminCfg.ConnConfig.Port))
+		if err != nil {
+			return nil, err
+		}
+		defer proxy.Close()
+		if appURL, err = proxy.Via(appURL); err != nil {
+			return nil, err
+		}
 	}
 
 	dir, err := os.MkdirTemp("", "faults-api")
@@ -124,7 +137,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	go func() { _ = simSrv.Serve(simLn) }()
 	defer simSrv.Close()
 
-	api, err := newAPI(bin, filepath.Join(cfg.out, "api.log"), []string{
+	env := []string{
 		"PROCESSOR_URL=http://" + simLn.Addr().String(),
 		"PROCESSOR_TIMEOUT=2s",
 		"OUTBOX_WORKERS=4",
@@ -145,7 +158,15 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		"SHUTDOWN_TIMEOUT=2s",
 		"DB_IDLE_IN_TX_TIMEOUT=" + cfg.idleInTx.String(),
 		"LOG_LEVEL=warn",
-	})
+	}
+	if cfg.cluster != nil {
+		// An outbox that keeps up with the clients, so that a payment is
+		// charged within moments of its 201, as in production (the proxy's
+		// faults want a small one that they can back up). The failover
+		// lesson counts payments lost after they were charged.
+		env = append(env, "OUTBOX_WORKERS=32", "OUTBOX_DB_MAX_CONNS=6")
+	}
+	api, err := newAPI(bin, filepath.Join(cfg.out, "api.log"), env)
 	if err != nil {
 		return nil, err
 	}
@@ -154,8 +175,122 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 
+	var l *ledger
+	names, phases := proxyPhases(proxy, api, &l)
+	if cfg.cluster != nil {
+		names, phases = failoverPhases(cfg.cluster, cfg.adminURL, &l, progress)
+	}
+	l = newLedger(names)
+
+	c := &client{
+		http:   &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.workers}},
+		base:   api.URL,
+		secret: key.Secret,
+	}
+	res := &Results{}
+	for i, p := range phases {
+		fmt.Fprintf(progress, "phase %d/%d: %s (%s)\n", i+1, len(phases), p.name, cfg.phase)
+		l.setPhase(i)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range cfg.workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				work(ctx, c, l, stop, cfg.intentDeadline, uint64(i*cfg.workers+w)+1, false)
+			}()
+		}
+		if cfg.cluster != nil {
+			// Every other client may be waiting on a refund whose payment's
+			// charge is held up; this one times the payments.
+			wg.Go(func() { work(ctx, c, l, stop, cfg.intentDeadline, uint64(1_000_000+i), true) })
+		}
+		probe := &primaryProbe{}
+		var probed sync.WaitGroup
+		if cfg.cluster != nil {
+			probed.Go(func() { probe.run(ctx, cfg.adminURL, stop) })
+		}
+		n, err := p.inject(ctx, cfg.phase)
+		l.addFaults(n)
+		// The fault is over: every client finishes its intent, abandoned
+		// sessions get the idle-in-transaction bound and a margin to end,
+		// and then the database is checked against what clients were told.
+		close(stop)
+		wg.Wait()
+		l.closePhase()
+		probed.Wait()
+		if err != nil {
+			return nil, fmt.Errorf("phase %q: %w", p.name, err)
+		}
+		if cfg.cluster != nil {
+			l.phases[i].NoPrimary = probe.Longest()
+			// The suite's own connections may be to the old primary.
+			admin.Reset()
+		}
+		// The bound on a vanished holder is on its transaction: none may
+		// stay open, idle, past DB_IDLE_IN_TX_TIMEOUT (and a margin for the
+		// server's timer). A half-open connection that was idle in the pool,
+		// with no transaction, holds no lock and is not a stuck key, so the
+		// proxy's count of held connections is not the measure.
+		stuckAfter := cfg.idleInTx + 5*time.Second
+		bound := time.Now().Add(stuckAfter)
+		for time.Now().Before(bound) {
+			n, err := idleInTransaction(ctx, admin, 0)
+			if err != nil {
+				return nil, err
+			}
+			if n == 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		// The outbox settles what the clients created: a job whose worker
+		// was killed runs again after OUTBOX_RESCUE_AFTER.
+		if err := waitSettled(ctx, admin, 30*time.Second); err != nil {
+			return nil, err
+		}
+		held, err := idleInTransaction(ctx, admin, stuckAfter)
+		if err != nil {
+			return nil, err
+		}
+		if i == len(phases)-1 {
+			// Last, every acknowledged request is sent once more with its
+			// key, as a client whose answer was lost would: each must
+			// replay what was acknowledged, whatever the phases did to the
+			// database. Its new executions, if any, are then settled.
+			fmt.Fprintln(progress, "retrying every acknowledged request with its key")
+			resend(ctx, c, l, cfg.intentDeadline)
+			if err := waitSettled(ctx, admin, 30*time.Second); err != nil {
+				return nil, err
+			}
+		}
+		checks, err := verify(ctx, admin, l, held, sim)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range checks {
+			if !c.Holds {
+				l.phases[i].Broken = append(l.phases[i].Broken, c.Name)
+			}
+		}
+		res.Invariants = checks
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	res.Phases, res.Unknown = l.phases, l.unknown
+	res.UnknownCommitted, res.UnknownNotCommitted = l.UnknownCommitted, l.UnknownNotCommitted
+	res.Payments, res.Refunds = len(l.payments), len(l.refunds)
+	res.Duration = time.Since(began)
+	res.LostCharged = l.lostCharged
+	return res, nil
+}
+
+// proxyPhases are the suite's faults at the fault proxy and at the API's
+// process, in the order they run. l is the ledger the phases count their
+// faults in, set once the names are known.
+func proxyPhases(proxy *faultproxy.Proxy, api *apiProcess, l **ledger) ([]string, []phase) {
 	// Every COMMIT-time fault hits one COMMIT in every n.
-	commitFault := func(action faultproxy.Action, every int, l *ledger) func(context.Context, time.Duration) (int, error) {
+	commitFault := func(action faultproxy.Action, every int) func(context.Context, time.Duration) (int, error) {
 		return func(ctx context.Context, d time.Duration) (int, error) {
 			n := 0
 			proxy.OnCommit(func() faultproxy.Action {
@@ -163,7 +298,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 				if n%every != 0 {
 					return faultproxy.Forward
 				}
-				l.addFaults(1)
+				(*l).addFaults(1)
 				return action
 			})
 			defer proxy.OnCommit(nil)
@@ -172,12 +307,11 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	}
 	names := []string{"no fault", "cut before COMMIT", "cut after COMMIT", "swallowed COMMIT reply",
 		"half-open holder", "database refuses connections", "kill -9 of the API, restart"}
-	l := newLedger(names)
 	phases := []phase{
 		{names[0], func(ctx context.Context, d time.Duration) (int, error) { return 0, sleep(ctx, d) }},
-		{names[1], commitFault(faultproxy.CutBefore, 4, l)},
-		{names[2], commitFault(faultproxy.CutAfter, 4, l)},
-		{names[3], commitFault(faultproxy.SwallowReply, 8, l)},
+		{names[1], commitFault(faultproxy.CutBefore, 4)},
+		{names[2], commitFault(faultproxy.CutAfter, 4)},
+		{names[3], commitFault(faultproxy.SwallowReply, 8)},
 		{names[4], func(ctx context.Context, d time.Duration) (int, error) {
 			// Two holders vanish at the start; the rest of the phase shows
 			// how long their keys stay locked.
@@ -187,7 +321,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 				if n > 2 {
 					return faultproxy.Forward
 				}
-				l.addFaults(1)
+				(*l).addFaults(1)
 				return faultproxy.HalfOpen
 			})
 			defer proxy.OnCommit(nil)
@@ -218,79 +352,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			return 1, sleep(ctx, d-d/3)
 		}},
 	}
-
-	c := &client{
-		http:   &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.workers}},
-		base:   api.URL,
-		secret: key.Secret,
-	}
-	res := &Results{}
-	for i, p := range phases {
-		fmt.Fprintf(progress, "phase %d/%d: %s (%s)\n", i+1, len(phases), p.name, cfg.phase)
-		l.setPhase(i)
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for w := range cfg.workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				work(ctx, c, l, stop, cfg.intentDeadline, uint64(i*cfg.workers+w)+1)
-			}()
-		}
-		n, err := p.inject(ctx, cfg.phase)
-		l.addFaults(n)
-		// The fault is over: every client finishes its intent, abandoned
-		// sessions get the idle-in-transaction bound and a margin to end,
-		// and then the database is checked against what clients were told.
-		close(stop)
-		wg.Wait()
-		if err != nil {
-			return nil, fmt.Errorf("phase %q: %w", p.name, err)
-		}
-		// The bound on a vanished holder is on its transaction: none may
-		// stay open, idle, past DB_IDLE_IN_TX_TIMEOUT (and a margin for the
-		// server's timer). A half-open connection that was idle in the pool,
-		// with no transaction, holds no lock and is not a stuck key, so the
-		// proxy's count of held connections is not the measure.
-		stuckAfter := cfg.idleInTx + 5*time.Second
-		bound := time.Now().Add(stuckAfter)
-		for time.Now().Before(bound) {
-			n, err := idleInTransaction(ctx, admin, 0)
-			if err != nil {
-				return nil, err
-			}
-			if n == 0 {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		// The outbox settles what the clients created: a job whose worker
-		// was killed runs again after OUTBOX_RESCUE_AFTER.
-		if err := waitSettled(ctx, admin, 30*time.Second); err != nil {
-			return nil, err
-		}
-		held, err := idleInTransaction(ctx, admin, stuckAfter)
-		if err != nil {
-			return nil, err
-		}
-		checks, err := verify(ctx, admin, l, held, sim)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range checks {
-			if !c.Holds {
-				l.phases[i].Broken = append(l.phases[i].Broken, c.Name)
-			}
-		}
-		res.Invariants = checks
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	res.Phases, res.Unknown = l.phases, l.unknown
-	res.UnknownCommitted, res.UnknownNotCommitted = l.UnknownCommitted, l.UnknownNotCommitted
-	res.Payments, res.Refunds = len(l.payments), len(l.refunds)
-	res.Duration = time.Since(began)
-	return res, nil
+	return names, phases
 }
 
 // verify checks the invariants against the database, once the clients have
@@ -300,6 +362,7 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 	defer l.mu.Unlock()
 	dbPayments := map[string]bool{}
 	perIntent := map[string]int{}
+	intentOfDB := map[string]string{}
 	rows, err := admin.Query(ctx, `SELECT id::text, coalesce(metadata->>'intent', '') FROM payments`)
 	if err != nil {
 		return nil, err
@@ -311,6 +374,7 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		}
 		dbPayments[id] = true
 		perIntent[in]++
+		intentOfDB[id] = in
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -366,6 +430,33 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		return nil, err
 	}
 
+	// Charges per payment intent, across every payment it ever had: those
+	// the clients were told of and those in the database. One intent
+	// charged under two payment ids is a customer charged twice.
+	idsOf := map[string]map[string]bool{}
+	addID := func(in, id string) {
+		if idsOf[in] == nil {
+			idsOf[in] = map[string]bool{}
+		}
+		idsOf[in][id] = true
+	}
+	for id, in := range l.intentOf {
+		addID(in, id)
+	}
+	for id, in := range intentOfDB {
+		addID(in, id)
+	}
+	chargedIntents := 0
+	for _, ids := range idsOf {
+		n := 0
+		for id := range ids {
+			n += sim.Effects(id)
+		}
+		if n > 1 {
+			chargedIntents++
+		}
+	}
+
 	duplicated := 0
 	for _, n := range perIntent {
 		if n > 1 {
@@ -373,6 +464,15 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		}
 	}
 	lostPayments, strayPayments := diff(keys(l.payments), dbPayments)
+	// Of the acknowledged payments the database lost, how many the
+	// processor had charged: each is a customer charged for a payment the
+	// service no longer knows, and charged again when the client retried.
+	l.lostCharged = 0
+	for id := range l.payments {
+		if !dbPayments[id] && sim.Effects(id) > 0 {
+			l.lostCharged++
+		}
+	}
 	lostRefunds, strayRefunds := diff(keys(l.refunds), set(dbRefunds))
 	mislabelled := 0
 	for _, id := range producers {
@@ -392,6 +492,8 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		{Name: "jobs discarded or cancelled with their payment or refund undecided", Found: orphaned},
 		{Name: "payments and refunds the processor executed more than once", Found: chargedTwice},
 		{Name: "succeeded ones the processor never executed, or failed ones it did", Found: chargeMismatch},
+		{Name: "payment intents the processor charged more than once, under any id", Found: chargedIntents},
+		{Name: "acknowledged requests that, retried with their key, were not replayed", Found: l.reexecuted},
 		{Name: "decided payments and refunds without the event of their status", Found: missingEvents},
 		{Name: "events for a change that did not commit, or recorded twice", Found: strayEvents},
 		{Name: "keys left in_progress", Found: inProgress},

@@ -278,7 +278,8 @@ func Classify(err error) error {
 		case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
 			"53300",          // too_many_connections
 			"55P03",          // lock_not_available: a row stayed locked past lock_timeout
-			"40P01", "40001": // deadlock_detected, serialization_failure
+			"40P01", "40001", // deadlock_detected, serialization_failure
+			"25006": // read_only_sql_transaction: the server was a primary and is a standby now
 			// All of these rolled the transaction back; the same request
 			// can simply be retried.
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)

@@ -100,3 +100,27 @@ func TestTimeoutDuringCommitIsOutcomeUnknown(t *testing.T) {
 	require.ErrorIs(t, err, database.ErrOutcomeUnknown)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// A connection that outlived a failover may find its server a standby now:
+// a write there fails with read_only_sql_transaction, which had no effect
+// and is a 503 to retry (on the new primary), not a 500.
+// A read-only transaction stands in for the standby: the server sends the
+// same SQLSTATE.
+func TestWriteOnAStandbyIsUnavailable(t *testing.T) {
+	t.Parallel()
+	pool := openPool(t)
+	ctx := context.Background()
+	require.NoError(t, database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `CREATE TABLE t (x int)`)
+		return err
+	}))
+	err := database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL transaction_read_only = on`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO t VALUES (1)`)
+		return err
+	})
+	require.ErrorIs(t, err, database.ErrUnavailable)
+	require.NotErrorIs(t, err, database.ErrOutcomeUnknown)
+}

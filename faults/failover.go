@@ -1,0 +1,269 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// cluster is a pg_auto_failover formation started by
+// scripts/failover-cluster: a monitor, a primary and a standby on loopback
+// ports. The suite drives it only through that script, so what it does is
+// what a reader can do by hand.
+type cluster struct {
+	script string   // path of scripts/failover-cluster
+	env    []string // FAILOVER_DIR and FAILOVER_PORT
+	// async makes the standby asynchronous: the primary acknowledges a
+	// COMMIT once it is on its own disk (synchronous_commit = local).
+	async bool
+	// progress receives what the cluster's script and the faults say.
+	progress io.Writer
+}
+
+// do runs the script with args and returns what it printed.
+func (c *cluster) do(ctx context.Context, progress io.Writer, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, c.script, args...)
+	cmd.Env = append(os.Environ(), c.env...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = progress
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("failover-cluster %s: %w", strings.Join(args, " "), err)
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// startCluster brings a formation up in a directory of its own, applies the
+// migrations through the multi-host URL, and returns it with the superuser's
+// URL. With async, the primary stops waiting for the standby.
+func startCluster(ctx context.Context, port int, async bool, progress io.Writer) (*cluster, string, error) {
+	script, err := filepath.Abs(filepath.Join("scripts", "failover-cluster"))
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := os.Stat(script); err != nil {
+		return nil, "", fmt.Errorf("-failover runs from the repository's root (scripts/failover-cluster): %w", err)
+	}
+	dir, err := os.MkdirTemp("", "payments-failover-")
+	if err != nil {
+		return nil, "", err
+	}
+	// The script creates the directory, as the user PostgreSQL runs as.
+	if err := os.Remove(dir); err != nil {
+		return nil, "", err
+	}
+	c := &cluster{script: script, env: []string{"FAILOVER_DIR=" + dir, fmt.Sprintf("FAILOVER_PORT=%d", port)}, async: async, progress: progress}
+	fmt.Fprintln(progress, "starting a pg_auto_failover formation in", dir)
+	if _, err := c.do(ctx, progress, "up"); err != nil {
+		return c, "", err
+	}
+	adminURL, err := c.do(ctx, progress, "admin-url")
+	if err != nil {
+		return c, "", err
+	}
+	if err := database.Migrate(ctx, adminURL); err != nil {
+		return c, "", err
+	}
+	if async {
+		if err := c.setAsync(ctx, adminURL); err != nil {
+			return c, "", err
+		}
+	}
+	return c, adminURL, nil
+}
+
+// setAsync makes every node acknowledge a COMMIT without waiting for its
+// standby, as a node of a cluster with asynchronous replication does; set on
+// each node, so that it holds whichever is primary.
+func (c *cluster) setAsync(ctx context.Context, adminURL string) error {
+	for _, port := range c.nodePorts() {
+		conn, err := pgx.Connect(ctx, singleHost(adminURL, port))
+		if err != nil {
+			return err
+		}
+		_, err = conn.Exec(ctx, `ALTER SYSTEM SET synchronous_commit = local`)
+		if err == nil {
+			_, err = conn.Exec(ctx, `SELECT pg_reload_conf()`)
+		}
+		conn.Close(ctx)
+		if err != nil {
+			return fmt.Errorf("synchronous_commit = local on port %d: %w", port, err)
+		}
+	}
+	return nil
+}
+
+func (c *cluster) nodePorts() []int {
+	var base int
+	for _, e := range c.env {
+		if v, ok := strings.CutPrefix(e, "FAILOVER_PORT="); ok {
+			fmt.Sscan(v, &base)
+		}
+	}
+	return []int{base + 1, base + 2}
+}
+
+// singleHost points a URL of the formation at one node.
+func singleHost(adminURL string, port int) string {
+	at := strings.Index(adminURL, "@")
+	slash := strings.Index(adminURL[at:], "/")
+	return fmt.Sprintf("%s127.0.0.1:%d%s", adminURL[:at+1], port, strings.Split(adminURL[at+slash:], "&target_session_attrs")[0])
+}
+
+func (c *cluster) stop(progress io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.do(ctx, progress, "down"); err != nil {
+		fmt.Fprintln(progress, err)
+	}
+}
+
+// primaryProbe measures how long the formation had no primary that took a
+// write: every 100 ms it opens a connection through the multi-host URL, as a
+// new client of the service would, and asks for a transaction id, which
+// only a primary gives.
+type primaryProbe struct {
+	mu      sync.Mutex
+	lastOK  time.Time
+	longest time.Duration
+}
+
+func (p *primaryProbe) run(ctx context.Context, adminURL string, stop <-chan struct{}) {
+	p.lastOK = time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			p.observe(time.Now(), false)
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		conn, err := pgx.Connect(cctx, adminURL)
+		if err == nil {
+			_, err = conn.Exec(cctx, `SELECT txid_current()`)
+			conn.Close(cctx)
+		}
+		cancel()
+		p.observe(time.Now(), err == nil)
+	}
+}
+
+func (p *primaryProbe) observe(now time.Time, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if gap := now.Sub(p.lastOK); gap > p.longest {
+		p.longest = gap
+	}
+	if ok {
+		p.lastOK = now
+	}
+}
+
+func (p *primaryProbe) Longest() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.longest
+}
+
+// failoverPhases are the failover mode's faults: none, a planned
+// switchover, and the primary's machine lost (kill -9 of its keeper and
+// every PostgreSQL process, then started again to rejoin as the standby).
+// With an asynchronous standby, the kill comes while the standby lags by
+// three seconds of writes, as an asynchronous standby may: the primary's WAL
+// sender is paused (SIGSTOP) for the three seconds before.
+func failoverPhases(c *cluster, adminURL string, l **ledger, progress io.Writer) ([]string, []phase) {
+	names := []string{"no fault", "planned switchover", "kill -9 of the primary's node"}
+	phases := []phase{
+		{names[0], func(ctx context.Context, d time.Duration) (int, error) { return 0, sleep(ctx, d) }},
+		{names[1], func(ctx context.Context, d time.Duration) (int, error) {
+			began := time.Now()
+			if err := sleep(ctx, d/3); err != nil {
+				return 0, err
+			}
+			if _, err := c.do(ctx, progress, "switchover"); err != nil {
+				return 0, err
+			}
+			return 1, sleep(ctx, max(0, d-time.Since(began)))
+		}},
+		{names[2], func(ctx context.Context, d time.Duration) (int, error) {
+			began := time.Now()
+			if err := sleep(ctx, d/3); err != nil {
+				return 0, err
+			}
+			primary, err := c.do(ctx, progress, "primary")
+			if err != nil {
+				return 0, err
+			}
+			if c.async {
+				if err := c.pauseReplication(ctx, adminURL, primary, 3*time.Second, 4<<20); err != nil {
+					return 0, err
+				}
+			}
+			if _, err := c.do(ctx, progress, "kill", primary); err != nil {
+				return 0, err
+			}
+			(*l).addFaults(1)
+			if err := sleep(ctx, max(0, d-time.Since(began))); err != nil {
+				return 0, err
+			}
+			// The old primary's machine comes back and rejoins as the
+			// standby, so that the formation is whole again afterwards.
+			_, err = c.do(ctx, progress, "start", primary)
+			return 0, err
+		}},
+	}
+	return names, phases
+}
+
+// pauseReplication stops the primary's WAL sender for d, or until limit
+// bytes of WAL are unsent, and leaves it stopped until the kill that
+// follows: the primary keeps acknowledging commits it has not sent, as it
+// does when its standby falls behind or the network between them stalls.
+// The limit stays under the monitor's promote_wal_log_threshold (16 MB by
+// default): a standby further behind is not promoted at all, and the old
+// primary must come back, which shows the guard rather than the loss.
+func (c *cluster) pauseReplication(ctx context.Context, adminURL, primary string, d time.Duration, limit int64) error {
+	conn, err := pgx.Connect(ctx, singleHost(adminURL, c.nodePorts()[map[string]int{"node1": 0, "node2": 1}[primary]]))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pid FROM pg_stat_replication`).Scan(&pid); err != nil {
+		return fmt.Errorf("the primary's WAL sender: %w", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return err
+	}
+	var lag int64
+	var setting string
+	for deadline := time.Now().Add(d); ; {
+		if err := conn.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - sent_lsn)::bigint, current_setting('synchronous_commit') FROM pg_stat_replication`).Scan(&lag, &setting); err != nil {
+			return err
+		}
+		if lag >= limit || time.Now().After(deadline) {
+			break
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(c.progress, "the primary has %d bytes of WAL it did not send to the standby (synchronous_commit = %s) when it is killed\n", lag, setting)
+	return nil
+}
