@@ -298,10 +298,9 @@ func resend(ctx context.Context, c *client, l *ledger, deadline time.Duration) {
 				start := time.Now()
 				var r reply
 				for time.Since(start) < deadline && ctx.Err() == nil {
-					if r = c.send(ctx, a.in); r.final() {
+					if r = c.send(ctx, a.in); r.final() || sleep(ctx, 100*time.Millisecond) != nil {
 						break
 					}
-					time.Sleep(100 * time.Millisecond)
 				}
 				if r.status != http.StatusCreated || !r.replayed || r.id != a.id {
 					l.mu.Lock()

@@ -23,8 +23,9 @@ import (
 // ports. The suite drives it only through that script, so what it does is
 // what a reader can do by hand.
 type cluster struct {
-	script string   // path of scripts/failover-cluster
-	env    []string // FAILOVER_DIR and FAILOVER_PORT
+	script string // path of scripts/failover-cluster
+	dir    string // FAILOVER_DIR
+	port   int    // FAILOVER_PORT: the monitor's; node1 and node2 take the next two
 	// async makes the standby asynchronous: the primary acknowledges a
 	// COMMIT once it is on its own disk (synchronous_commit = local).
 	async bool
@@ -33,12 +34,12 @@ type cluster struct {
 }
 
 // do runs the script with args and returns what it printed.
-func (c *cluster) do(ctx context.Context, progress io.Writer, args ...string) (string, error) {
+func (c *cluster) do(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, c.script, args...)
-	cmd.Env = append(os.Environ(), c.env...)
+	cmd.Env = append(os.Environ(), "FAILOVER_DIR="+c.dir, fmt.Sprintf("FAILOVER_PORT=%d", c.port))
 	var out bytes.Buffer
 	cmd.Stdout = &out
-	cmd.Stderr = progress
+	cmd.Stderr = c.progress
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("failover-cluster %s: %w", strings.Join(args, " "), err)
 	}
@@ -64,12 +65,12 @@ func startCluster(ctx context.Context, port int, async bool, progress io.Writer)
 	if err := os.Remove(dir); err != nil {
 		return nil, "", err
 	}
-	c := &cluster{script: script, env: []string{"FAILOVER_DIR=" + dir, fmt.Sprintf("FAILOVER_PORT=%d", port)}, async: async, progress: progress}
+	c := &cluster{script: script, dir: dir, port: port, async: async, progress: progress}
 	fmt.Fprintln(progress, "starting a pg_auto_failover formation in", dir)
-	if _, err := c.do(ctx, progress, "up"); err != nil {
+	if _, err := c.do(ctx, "up"); err != nil {
 		return c, "", err
 	}
-	adminURL, err := c.do(ctx, progress, "admin-url")
+	adminURL, err := c.do(ctx, "admin-url")
 	if err != nil {
 		return c, "", err
 	}
@@ -88,8 +89,8 @@ func startCluster(ctx context.Context, port int, async bool, progress io.Writer)
 // standby, as a node of a cluster with asynchronous replication does; set on
 // each node, so that it holds whichever is primary.
 func (c *cluster) setAsync(ctx context.Context, adminURL string) error {
-	for _, port := range c.nodePorts() {
-		conn, err := pgx.Connect(ctx, singleHost(adminURL, port))
+	for _, node := range []string{"node1", "node2"} {
+		conn, err := c.connectNode(ctx, adminURL, node)
 		if err != nil {
 			return err
 		}
@@ -99,34 +100,34 @@ func (c *cluster) setAsync(ctx context.Context, adminURL string) error {
 		}
 		conn.Close(ctx)
 		if err != nil {
-			return fmt.Errorf("synchronous_commit = local on port %d: %w", port, err)
+			return fmt.Errorf("synchronous_commit = local on %s: %w", node, err)
 		}
 	}
 	return nil
 }
 
-func (c *cluster) nodePorts() []int {
-	var base int
-	for _, e := range c.env {
-		if v, ok := strings.CutPrefix(e, "FAILOVER_PORT="); ok {
-			fmt.Sscan(v, &base)
-		}
+// connectNode connects to one node of the formation (node1 or node2),
+// whatever its role: adminURL without its other host and its
+// target_session_attrs.
+func (c *cluster) connectNode(ctx context.Context, adminURL, node string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(adminURL)
+	if err != nil {
+		return nil, err
 	}
-	return []int{base + 1, base + 2}
+	n := map[string]uint16{"node1": 1, "node2": 2}[node]
+	if n == 0 {
+		return nil, fmt.Errorf("no node %q in the formation", node)
+	}
+	cfg.Host, cfg.Port = "127.0.0.1", uint16(c.port)+n
+	cfg.Fallbacks, cfg.ValidateConnect = nil, nil
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
-// singleHost points a URL of the formation at one node.
-func singleHost(adminURL string, port int) string {
-	at := strings.Index(adminURL, "@")
-	slash := strings.Index(adminURL[at:], "/")
-	return fmt.Sprintf("%s127.0.0.1:%d%s", adminURL[:at+1], port, strings.Split(adminURL[at+slash:], "&target_session_attrs")[0])
-}
-
-func (c *cluster) stop(progress io.Writer) {
+func (c *cluster) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := c.do(ctx, progress, "down"); err != nil {
-		fmt.Fprintln(progress, err)
+	if _, err := c.do(ctx, "down"); err != nil {
+		fmt.Fprintln(c.progress, err)
 	}
 }
 
@@ -184,10 +185,9 @@ func (p *primaryProbe) Longest() time.Duration {
 // failoverPhases are the failover mode's faults: none, a planned
 // switchover, and the primary's machine lost (kill -9 of its keeper and
 // every PostgreSQL process, then started again to rejoin as the standby).
-// With an asynchronous standby, the kill comes while the standby lags by
-// three seconds of writes, as an asynchronous standby may: the primary's WAL
-// sender is paused (SIGSTOP) for the three seconds before.
-func failoverPhases(c *cluster, adminURL string, l **ledger, progress io.Writer) ([]string, []phase) {
+// With an asynchronous standby, the kill comes while the standby lags, as an
+// asynchronous standby may (pauseReplication).
+func failoverPhases(c *cluster, adminURL string, l **ledger) ([]string, []phase) {
 	names := []string{"no fault", "planned switchover", "kill -9 of the primary's node"}
 	phases := []phase{
 		{names[0], func(ctx context.Context, d time.Duration) (int, error) { return 0, sleep(ctx, d) }},
@@ -196,7 +196,7 @@ func failoverPhases(c *cluster, adminURL string, l **ledger, progress io.Writer)
 			if err := sleep(ctx, d/3); err != nil {
 				return 0, err
 			}
-			if _, err := c.do(ctx, progress, "switchover"); err != nil {
+			if _, err := c.do(ctx, "switchover"); err != nil {
 				return 0, err
 			}
 			return 1, sleep(ctx, max(0, d-time.Since(began)))
@@ -206,7 +206,7 @@ func failoverPhases(c *cluster, adminURL string, l **ledger, progress io.Writer)
 			if err := sleep(ctx, d/3); err != nil {
 				return 0, err
 			}
-			primary, err := c.do(ctx, progress, "primary")
+			primary, err := c.do(ctx, "primary")
 			if err != nil {
 				return 0, err
 			}
@@ -215,7 +215,7 @@ func failoverPhases(c *cluster, adminURL string, l **ledger, progress io.Writer)
 					return 0, err
 				}
 			}
-			if _, err := c.do(ctx, progress, "kill", primary); err != nil {
+			if _, err := c.do(ctx, "kill", primary); err != nil {
 				return 0, err
 			}
 			(*l).addFaults(1)
@@ -224,7 +224,7 @@ func failoverPhases(c *cluster, adminURL string, l **ledger, progress io.Writer)
 			}
 			// The old primary's machine comes back and rejoins as the
 			// standby, so that the formation is whole again afterwards.
-			_, err = c.do(ctx, progress, "start", primary)
+			_, err = c.do(ctx, "start", primary)
 			return 0, err
 		}},
 	}
@@ -239,7 +239,7 @@ func failoverPhases(c *cluster, adminURL string, l **ledger, progress io.Writer)
 // default): a standby further behind is not promoted at all, and the old
 // primary must come back, which shows the guard rather than the loss.
 func (c *cluster) pauseReplication(ctx context.Context, adminURL, primary string, d time.Duration, limit int64) error {
-	conn, err := pgx.Connect(ctx, singleHost(adminURL, c.nodePorts()[map[string]int{"node1": 0, "node2": 1}[primary]]))
+	conn, err := c.connectNode(ctx, adminURL, primary)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,7 @@
 //
 //	go run ./faults                       # about a minute, on the local PostgreSQL
 //	go run ./faults -phase 30s -workers 32
-//	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 3 min
+//	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 90 s
 //	go run ./faults -failover -standby async  # the same with an asynchronous standby: it loses payments
 //
 // It creates a database of its own (payments_faults_<time>) on the server
@@ -108,7 +108,7 @@ func runOnOwnDatabase(ctx context.Context, serverURL string, keep bool, cfg conf
 func runFailover(ctx context.Context, port int, async, keep bool, cfg config, stdout, progress io.Writer) (bool, error) {
 	c, adminURL, err := startCluster(ctx, port, async, progress)
 	if c != nil && !keep {
-		defer c.stop(progress)
+		defer c.stop()
 	}
 	if err != nil {
 		return false, err

@@ -178,7 +178,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	var l *ledger
 	names, phases := proxyPhases(proxy, api, &l)
 	if cfg.cluster != nil {
-		names, phases = failoverPhases(cfg.cluster, cfg.adminURL, &l, progress)
+		names, phases = failoverPhases(cfg.cluster, cfg.adminURL, &l)
 	}
 	l = newLedger(names)
 
