@@ -23,6 +23,7 @@ func TestComposeFile(t *testing.T) {
 			Ports       []string          `yaml:"ports"`
 			Volumes     []string          `yaml:"volumes"`
 			Restart     string            `yaml:"restart"`
+			Profiles    []string          `yaml:"profiles"`
 			Command     []string          `yaml:"command"`
 			DependsOn   map[string]struct {
 				Condition string `yaml:"condition"`
@@ -77,6 +78,38 @@ func TestComposeFile(t *testing.T) {
 	require.Equal(t, []string{"migrate", "up"}, migrate.Command)
 	require.Contains(t, migrate.Environment["MIGRATE_DATABASE_URL"], "@postgres:5432/payments")
 	require.Equal(t, "service_completed_successfully", compose.Services["api"].DependsOn["migrate"].Condition)
+
+	// The citus profile: off by default, the cluster joined, migrated and
+	// distributed before its API starts, which holds no owner credentials.
+	for _, name := range []string{"citus-coordinator", "citus-worker-1", "citus-worker-2", "citus-cluster", "citus-migrate", "citus-distribute", "citus-api"} {
+		require.Equal(t, []string{"citus"}, compose.Services[name].Profiles, "service %s", name)
+	}
+	for name, s := range compose.Services {
+		if !strings.HasPrefix(name, "citus-") {
+			require.Empty(t, s.Profiles, "service %s starts with a plain `docker compose up`", name)
+		}
+	}
+	require.Equal(t, "service_completed_successfully", compose.Services["citus-migrate"].DependsOn["citus-cluster"].Condition)
+	require.Equal(t, "service_completed_successfully", compose.Services["citus-distribute"].DependsOn["citus-migrate"].Condition)
+	require.Equal(t, "service_completed_successfully", compose.Services["citus-api"].DependsOn["citus-distribute"].Condition)
+	require.Contains(t, compose.Services["citus-migrate"].Environment["MIGRATE_DATABASE_URL"], "@citus-coordinator:5432/")
+	citusAPI := compose.Services["citus-api"].Environment
+	require.Empty(t, citusAPI["MIGRATE_DATABASE_URL"])
+	require.Equal(t, "false", citusAPI["MIGRATE_ON_START"])
+	require.Contains(t, citusAPI["DATABASE_URL"], "payments_app@citus-coordinator:5432/")
+	require.Contains(t, compose.Services["citus-distribute"].Volumes, "./docker/citus/distribute.sql:/distribute.sql:ro")
+	// Every tenant table distributed by principal, colocated with payments;
+	// the tables a request authenticates with, copied to every worker.
+	distribute, err := os.ReadFile("docker/citus/distribute.sql")
+	require.NoError(t, err)
+	require.Contains(t, string(distribute), "SELECT create_distributed_table('payments', 'principal_id');")
+	for _, table := range []string{"refunds", "events", "webhook_endpoints", "webhook_deliveries", "idempotency_keys", "idempotency_key_usage"} {
+		require.Contains(t, string(distribute), "SELECT create_distributed_table('"+table+"', 'principal_id', colocate_with => 'payments');")
+	}
+	for _, table := range []string{"principals", "api_keys"} {
+		require.Contains(t, string(distribute), "SELECT create_reference_table('"+table+"');")
+	}
+	require.Contains(t, string(distribute), "citus.propagate_set_commands = 'local'")
 
 	prom, err := os.ReadFile("docker/prometheus.yml")
 	require.NoError(t, err)

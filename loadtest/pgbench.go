@@ -30,12 +30,12 @@ BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;
 \startpipeline
 SELECT set_config('lock_timeout', '5000', true);
 SELECT key_id, principal_id, scopes FROM authenticate_request('\x{{HASH}}'::bytea, 'payments' || chr(58) || 'write');
-INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at) SELECT current_setting('app.principal_id')::uuid, 'POST /v1/payments', 'pgbench-' || :client_id || '-' || :k, 'in_progress', sha256(('pgbench' || :k)::bytea), 'req_pgbench', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', now() + 90000000 * interval '1 millisecond' ON CONFLICT (principal_id, endpoint, key) DO NOTHING RETURNING now();
-SELECT state, fingerprint, response_status, coalesce(response_content_type, ''), coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '') FROM idempotency_keys WHERE principal_id = current_setting('app.principal_id')::uuid AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND expires_at >= now();
+INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at) VALUES ('{{PRINCIPAL}}', 'POST /v1/payments', 'pgbench-' || :client_id || '-' || :k, 'in_progress', sha256(('pgbench' || :k)::bytea), 'req_pgbench', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', now() + 90000000 * interval '1 millisecond') ON CONFLICT (principal_id, endpoint, key) DO NOTHING RETURNING now();
+SELECT state, fingerprint, response_status, coalesce(response_content_type, ''), coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '') FROM idempotency_keys WHERE principal_id = '{{PRINCIPAL}}' AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND expires_at >= now();
 \endpipeline
 \startpipeline
 INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, created_at) VALUES (gen_random_uuid(), '{{PRINCIPAL}}', :amount, 'usd', 'succeeded', 'load test', '{"order": "1"}', now());
-UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_content_type = 'application/json', response_body = convert_to('{{BODY}}', 'UTF8'), response_ref = NULL WHERE principal_id = current_setting('app.principal_id')::uuid AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND state = 'in_progress';
+UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_content_type = 'application/json', response_body = convert_to('{{BODY}}', 'UTF8'), response_ref = NULL WHERE principal_id = '{{PRINCIPAL}}' AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND state = 'in_progress';
 \endpipeline
 END;
 `

@@ -92,9 +92,10 @@ func TestSweepReportsWhatItDeleted(t *testing.T) {
 	require.NoError(t, err)
 	defer admin.Close(ctx)
 	_, err = admin.Exec(ctx, `
+		WITH p AS (INSERT INTO principals (id, name) VALUES (gen_random_uuid(), 'acme') RETURNING id)
 		INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, response_status, response_body, correlation_id, created_at, expires_at)
-		SELECT gen_random_uuid(), 'POST /v1/payments', 'k' || i, 'completed', sha256(''), 201, '{}', 'req', now() - interval '2 days', now() - interval '1 hour'
-		FROM generate_series(1, 25) i`)
+		SELECT p.id, 'POST /v1/payments', 'k' || i, 'completed', sha256(''), 201, '{}', 'req', now() - interval '2 days', now() - interval '1 hour'
+		FROM p, generate_series(1, 25) i`)
 	require.NoError(t, err)
 
 	var out bytes.Buffer

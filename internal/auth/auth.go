@@ -104,7 +104,21 @@ func isB64Token(s string) bool {
 
 // Credentials are a request's bearer secret, as the database checks it: its
 // sha256. The secret itself goes no further than ParseCredentials.
-type Credentials struct{ hash [sha256.Size]byte }
+type Credentials struct {
+	hash  [sha256.Size]byte
+	known *KeyPrincipals // nil: the principal is learnt by authenticating
+}
+
+// Principal returns the principal of the credentials' key when it is known
+// before authenticating (KeyPrincipals), to name in the statements that
+// travel with the authentication. It grants nothing: the authentication
+// still decides.
+func (c Credentials) Principal() (uuid.UUID, bool) {
+	if c.known == nil {
+		return uuid.Nil, false
+	}
+	return c.known.lookup(c.hash)
+}
 
 // ParseCredentials reads an Authorization header ("Bearer sk_...").
 // Anything that cannot be a key's secret is ErrUnauthenticated here, so an
@@ -133,7 +147,7 @@ const authenticateSQL = `SELECT key_id, principal_id, scopes FROM authenticate_r
 // fails, the batch stops there and nothing after it runs.
 func (c Credentials) Queue(b *pgx.Batch, scope string, p *Principal) {
 	b.Queue(authenticateSQL, c.hash[:], scope).QueryRow(func(row pgx.Row) error {
-		return scanPrincipal(row, scope, p)
+		return c.scan(row, scope, p)
 	})
 }
 
@@ -141,17 +155,21 @@ func (c Credentials) Queue(b *pgx.Batch, scope string, p *Principal) {
 // tx's tenant: for a transaction with nothing to batch with it.
 func (c Credentials) Authenticate(ctx context.Context, tx pgx.Tx, scope string) (Principal, error) {
 	var p Principal
-	err := scanPrincipal(tx.QueryRow(ctx, authenticateSQL, c.hash[:], scope), scope, &p)
+	err := c.scan(tx.QueryRow(ctx, authenticateSQL, c.hash[:], scope), scope, &p)
 	return p, err
 }
 
-// scanPrincipal reads authenticate_request's answer, turning its refusals
-// into ErrUnauthenticated and MissingScopeError.
-func scanPrincipal(row pgx.Row, scope string, p *Principal) error {
+// scan reads authenticate_request's answer, turning its refusals into
+// ErrUnauthenticated and MissingScopeError, and remembers the key's
+// principal when it was authenticated.
+func (c Credentials) scan(row pgx.Row, scope string, p *Principal) error {
 	err := row.Scan(&p.KeyID, &p.ID, &p.Scopes)
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
+		if c.known != nil {
+			c.known.remember(c.hash, p.ID)
+		}
 		return nil
 	case errors.As(err, &pgErr) && pgErr.Code == "PA401":
 		return ErrUnauthenticated

@@ -170,11 +170,21 @@ type TxOptions struct {
 //
 // BEGIN, the tenant and the lock timeout travel in one simple-protocol
 // round trip: pgx sends a BeginQuery without arguments as one Query message,
-// and PostgreSQL runs its statements in order. The principal is a uuid.UUID,
-// whose String form is hex and dashes only, so formatting it into SQL cannot
-// inject anything.
+// and PostgreSQL runs its statements in order. The tenant is a SET LOCAL
+// (setTenant), which a distributed PostgreSQL passes on to its nodes.
 func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOptions, fn func(pgx.Tx) error) error {
-	return inTx(ctx, pool, fmt.Sprintf("; SELECT set_config('app.principal_id', '%s', true)", principal.String()), opts, fn)
+	return inTx(ctx, pool, "; "+setTenant(principal), opts, fn)
+}
+
+// setTenant is the statement that makes principal the transaction's tenant
+// until it ends. SET takes no parameters, so the value is in the text: a
+// uuid.UUID's String form is hex and dashes only, which cannot inject
+// anything. It is SET LOCAL rather than set_config(..., true) because Citus
+// sends SET LOCAL on to the workers a transaction touches (with
+// citus.propagate_set_commands = 'local'), where row-level security reads
+// it (docs/scaling.md).
+func setTenant(principal uuid.UUID) string {
+	return fmt.Sprintf("SET LOCAL app.principal_id = '%s'", principal.String())
 }
 
 // InTx is InTenantTx for a request, whose tenant is not known yet: fn's
@@ -223,27 +233,43 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 	return nil
 }
 
-// InTenantBatch sends the statements fn queues, behind the one that sets
-// principal as the tenant, in one round trip. A batch sent outside a
-// transaction is one implicit transaction: the tenant holds for the batch's
-// statements and for nothing after it, and the statements commit together
-// or not at all. It suits work whose statements do not depend on each
+// InTenantBatch sends the statements fn queues, between BEGIN with the
+// statement that sets principal as the tenant and COMMIT, in one round
+// trip: the tenant holds for the batch's statements and for nothing after
+// it, and the statements commit together or not at all. (BEGIN is sent,
+// rather than relying on the batch's implicit transaction, because SET
+// LOCAL outside a transaction block warns, in the server's log, on every
+// batch.) It suits work whose statements do not depend on each
 // other's results, such as an outbox job's read, or the answer it records
 // with the job's completion. Whether a batch whose connection was lost had
 // committed is unknown: only a caller that can repeat it safely (a job,
 // which is retried) may use it for writes. An error from fn sends nothing.
 func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func(b *pgx.Batch) error) error {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('app.principal_id', $1, true)`, principal.String())
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(setTenant(principal))
 	if err := fn(b); err != nil {
 		return err
 	}
+	b.Queue("COMMIT")
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	return Classify(conn.SendBatch(ctx, b).Close())
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		// A statement failed, and the server skipped the rest, COMMIT
+		// included: the transaction is open and failed. End it, so the
+		// connection goes back to the pool idle (or, if that fails, is
+		// not reused: pgxpool closes a connection left in a transaction).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_, _ = conn.Exec(rctx, "ROLLBACK")
+		}
+		return Classify(err)
+	}
+	return nil
 }
 
 // classifyCommit tells a COMMIT that certainly did not happen from one whose
@@ -316,4 +342,36 @@ type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// principalsPage is how many principals EachPrincipal reads at a time.
+const principalsPage = 1000
+
+// EachPrincipal calls fn with the id of every principal, in id order, a
+// page at a time, on conn: for maintenance that works one principal at a
+// time, so that each of its statements stays on one shard of a table
+// distributed by principal (docs/scaling.md). The role needs SELECT (id)
+// on principals, which migration 15 gives the maintenance role. An error
+// from fn stops the walk and is returned.
+func EachPrincipal(ctx context.Context, conn DBTX, fn func(uuid.UUID) error) error {
+	var after uuid.UUID
+	for {
+		rows, err := conn.Query(ctx, `SELECT id FROM principals WHERE id > $1 ORDER BY id LIMIT $2`, after, principalsPage)
+		if err != nil {
+			return fmt.Errorf("list principals: %w", Classify(err))
+		}
+		page, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return fmt.Errorf("list principals: %w", Classify(err))
+		}
+		for _, p := range page {
+			if err := fn(p); err != nil {
+				return err
+			}
+		}
+		if len(page) < principalsPage {
+			return nil
+		}
+		after = page[len(page)-1]
+	}
 }

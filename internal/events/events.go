@@ -77,9 +77,10 @@ func scan(row pgx.Row) (Event, error) {
 	return e, err
 }
 
-// Get returns the event with id; other principals' events are invisible.
-func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Event, error) {
-	e, err := scan(db.QueryRow(ctx, `SELECT `+columns+` FROM events WHERE id = $1`, id))
+// Get returns principal's event with id; other principals' events are
+// invisible.
+func Get(ctx context.Context, db database.DBTX, principal, id uuid.UUID) (Event, error) {
+	e, err := scan(db.QueryRow(ctx, `SELECT `+columns+` FROM events WHERE principal_id = $1 AND id = $2`, principal, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Event{}, ErrNotFound
 	}
@@ -91,8 +92,8 @@ func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Event, error) {
 
 // QueueGet is Get queued on b: *e is the event once b has run, and b fails
 // with ErrNotFound when there is none.
-func QueueGet(b *pgx.Batch, id uuid.UUID, e *Event) {
-	b.Queue(`SELECT `+columns+` FROM events WHERE id = $1`, id).QueryRow(func(row pgx.Row) (err error) {
+func QueueGet(b *pgx.Batch, principal, id uuid.UUID, e *Event) {
+	b.Queue(`SELECT `+columns+` FROM events WHERE principal_id = $1 AND id = $2`, principal, id).QueryRow(func(row pgx.Row) (err error) {
 		*e, err = scan(row)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
@@ -101,19 +102,19 @@ func QueueGet(b *pgx.Batch, id uuid.UUID, e *Event) {
 	})
 }
 
-// List returns up to limit of the principal's events, after the event with
+// List returns up to limit of principal's events, after the event with
 // id after when it is not nil, and whether there are more. The order is
 // final when an event becomes visible, as payments.List's: by the creating
 // transaction's id, showing only events whose transaction is older than
 // every one still running. A client that follows the cursor sees every
 // event once, in the order the changes committed.
-func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([]Event, bool, error) {
+func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uuid.UUID, limit int) ([]Event, bool, error) {
 	rows, err := db.Query(ctx, `
 		SELECT `+columns+` FROM events
-		WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid
+		WHERE principal_id = $1
 		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
-		  AND ($1::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM events c WHERE c.id = $1))
-		ORDER BY xid, id LIMIT $2`, after, limit+1)
+		  AND ($2::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM events c WHERE c.principal_id = $1 AND c.id = $2))
+		ORDER BY xid, id LIMIT $3`, principal, after, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list events: %w", err)
 	}
@@ -122,7 +123,7 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 		return nil, false, fmt.Errorf("list events: %w", err)
 	}
 	if len(list) == 0 && after != nil {
-		if _, err := Get(ctx, db, *after); errors.Is(err, ErrNotFound) {
+		if _, err := Get(ctx, db, principal, *after); errors.Is(err, ErrNotFound) {
 			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
 		} else if err != nil {
 			return nil, false, err
@@ -140,41 +141,46 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 // does nothing when that statement inserted none (the change was already
 // made). ctx carries the trace the deliveries continue.
 type Fanout interface {
-	Queue(ctx context.Context, b *pgx.Batch, eventID uuid.UUID) error
+	Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid.UUID) error
 }
 
-// sweepChunkSQL deletes at most $1 events older than the retention, oldest
-// first, through the created_at index. Events are never updated, so nothing
-// can revive a row between the pick and the delete; the maintenance role's
-// policy refuses a younger row anyway.
+// sweepChunkSQL deletes at most $2 of principal $1's events older than the
+// retention, oldest first, through the (principal_id, created_at) index:
+// one principal at a time, as the key sweeper works, so that each statement
+// stays on one shard. Events are never updated, so nothing can revive a row
+// between the pick and the delete; the maintenance role's policy refuses a
+// younger row anyway.
 const sweepChunkSQL = `
-	DELETE FROM events WHERE id IN (
-		SELECT id FROM events WHERE created_at < now() - $2::interval
-		ORDER BY created_at LIMIT $1)`
+	DELETE FROM events WHERE principal_id = $1 AND id IN (
+		SELECT id FROM events WHERE principal_id = $1 AND created_at < now() - $3::interval
+		ORDER BY created_at LIMIT $2)`
 
 // Sweep deletes the events older than Retention in chunks of chunk rows,
 // pausing between them, and returns how many it deleted. pool connects as
 // the maintenance role. Their delivery attempts go with them.
 func Sweep(ctx context.Context, pool *database.Pool, chunk int, pause time.Duration) (int64, error) {
 	var total int64
-	for {
-		var n int64
-		err := pool.WithConn(ctx, func(c database.DBTX) error {
-			tag, err := c.Exec(ctx, sweepChunkSQL, chunk, Retention)
-			n = tag.RowsAffected()
-			return err
+	err := pool.WithConn(ctx, func(c database.DBTX) error {
+		return database.EachPrincipal(ctx, c, func(principal uuid.UUID) error {
+			for {
+				tag, err := c.Exec(ctx, sweepChunkSQL, principal, chunk, Retention)
+				if err != nil {
+					return err
+				}
+				total += tag.RowsAffected()
+				if tag.RowsAffected() < int64(chunk) {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(pause):
+				}
+			}
 		})
-		if err != nil {
-			return total, fmt.Errorf("sweep events: %w", err)
-		}
-		total += n
-		if n < int64(chunk) {
-			return total, nil
-		}
-		select {
-		case <-ctx.Done():
-			return total, ctx.Err()
-		case <-time.After(pause):
-		}
+	})
+	if err != nil {
+		return total, fmt.Errorf("sweep events: %w", err)
 	}
+	return total, nil
 }

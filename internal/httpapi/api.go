@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
@@ -69,6 +70,10 @@ type api struct {
 	urls         webhooks.URLPolicy
 }
 
+// knownKeys is how many API keys' principals the service remembers
+// (auth.KeyPrincipals): about 100 bytes each.
+const knownKeys = 100_000
+
 // New returns the API's handler.
 func New(d Deps) http.Handler {
 	log := d.Logger
@@ -91,7 +96,7 @@ func New(d Deps) http.Handler {
 	r.Get("/readyz", a.readyz)
 	mountDocs(r)
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(authenticate(a.log))
+		r.Use(authenticate(a.log, auth.NewKeyPrincipals(knownKeys)))
 		r.Mount("/payments", a.paymentRoutes())
 		r.Mount("/refunds", a.refundRoutes())
 		r.Mount("/events", a.eventRoutes())

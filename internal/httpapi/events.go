@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
@@ -32,8 +33,8 @@ func (a *api) listEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var list eventList
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		list.Data, list.HasMore, err = events.List(ctx, tx, pg.after, pg.limit)
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		list.Data, list.HasMore, err = events.List(ctx, tx, principal, pg.after, pg.limit)
 		return err
 	})
 	a.respond(w, r, list, err)
@@ -46,8 +47,8 @@ func (a *api) getEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var e events.Event
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		e, err = events.Get(ctx, tx, id)
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		e, err = events.Get(ctx, tx, principal, id)
 		return err
 	})
 	a.respond(w, r, e, err)

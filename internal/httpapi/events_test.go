@@ -40,11 +40,11 @@ func TestEventsCommitWithTheirChange(t *testing.T) {
 		var changed bool
 		errRollback := errors.New("roll back")
 		err := database.InTenantTx(context.Background(), b.pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
-			p, err := payments.Get(context.Background(), tx, id)
+			p, err := payments.Get(context.Background(), tx, principal, id)
 			if err != nil {
 				return err
 			}
-			changed, err = payments.Settle(context.Background(), tx, fanout, p, payments.StatusSucceeded, nil, "ch_1")
+			changed, err = payments.Settle(context.Background(), tx, fanout, principal, p, payments.StatusSucceeded, nil, "ch_1")
 			if err == nil && !commit {
 				return errRollback
 			}

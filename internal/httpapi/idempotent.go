@@ -31,7 +31,9 @@ func idempotentRequest(r *http.Request, canonicalBody []byte) (idempotency.Reque
 	if err != nil {
 		return idempotency.Request{}, err
 	}
+	principal, _ := creds.Principal()
 	return idempotency.Request{
+		Principal: principal,
 		Authenticate: func(b *pgx.Batch) *uuid.UUID {
 			var p auth.Principal
 			creds.Queue(b, scope, &p)
@@ -94,7 +96,7 @@ func (a *api) parseIdempotent(w http.ResponseWriter, r *http.Request, in validat
 // this round trip: an accepted one is authenticated in its transaction's
 // first.
 func (a *api) refuse(r *http.Request, err error) error {
-	authErr := a.read(r, func(context.Context, pgx.Tx) error { return nil })
+	authErr := a.read(r, func(context.Context, pgx.Tx, uuid.UUID) error { return nil })
 	if errors.Is(authErr, auth.ErrUnauthenticated) || errors.Is(authErr, auth.ErrForbidden) {
 		return authErr
 	}

@@ -204,11 +204,12 @@ func timeout(d time.Duration) func(http.Handler) http.Handler {
 // database: the request's transaction checks the credentials in its first
 // statement (auth.Credentials), so that checking them costs no round trip
 // of its own. Replays are checked the same way, so a revoked key never sees
-// a stored response.
-func authenticate(log *slog.Logger) func(http.Handler) http.Handler {
+// a stored response. keys tells the credentials their principal when the
+// key was authenticated before (auth.KeyPrincipals).
+func authenticate(log *slog.Logger, keys *auth.KeyPrincipals) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			c, err := auth.ParseCredentials(r.Header.Get("Authorization"))
+			c, err := keys.Parse(r.Header.Get("Authorization"))
 			if err != nil {
 				writeError(w, r, log, err)
 				return

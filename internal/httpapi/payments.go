@@ -56,8 +56,8 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var p payments.Payment
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		p, err = payments.Get(ctx, tx, id)
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		p, err = payments.Get(ctx, tx, principal, id)
 		return err
 	})
 	a.respond(w, r, p, err)
@@ -76,8 +76,8 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var list paymentList
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		list.Data, list.HasMore, err = payments.List(ctx, tx, pg.after, pg.limit)
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		list.Data, list.HasMore, err = payments.List(ctx, tx, principal, pg.after, pg.limit)
 		return err
 	})
 	a.respond(w, r, list, err)
@@ -130,13 +130,13 @@ func pathID(r *http.Request) (uuid.UUID, error) {
 
 // rederive re-renders a stored 201 response from the resource it showed,
 // read with get, for replays whose body was too large to store.
-func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID) (T, error)) func(context.Context, pgx.Tx, string) (idempotency.Response, error) {
-	return func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
+func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID, uuid.UUID) (T, error)) func(context.Context, pgx.Tx, uuid.UUID, string) (idempotency.Response, error) {
+	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) (idempotency.Response, error) {
 		id, err := uuid.Parse(ref)
 		if err != nil {
 			return idempotency.Response{}, fmt.Errorf("stored resource reference %q: %w", ref, err)
 		}
-		v, err := get(ctx, tx, id)
+		v, err := get(ctx, tx, principal, id)
 		if err != nil {
 			return idempotency.Response{}, err
 		}
@@ -145,17 +145,19 @@ func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID) (T, err
 }
 
 // read runs fn in a read-only transaction that authenticates the caller
-// first and then sees only the caller's rows.
-func (a *api) read(r *http.Request, fn func(context.Context, pgx.Tx) error) error {
+// first and then sees only the caller's rows. fn gets the caller's
+// principal, to name in its statements (docs/scaling.md).
+func (a *api) read(r *http.Request, fn func(context.Context, pgx.Tx, uuid.UUID) error) error {
 	creds, scope, err := caller(r)
 	if err != nil {
 		return err
 	}
 	return database.InTx(r.Context(), a.pool, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
-		if _, err := creds.Authenticate(r.Context(), tx, scope); err != nil {
+		p, err := creds.Authenticate(r.Context(), tx, scope)
+		if err != nil {
 			return err
 		}
-		return fn(r.Context(), tx)
+		return fn(r.Context(), tx, p.ID)
 	})
 }
 

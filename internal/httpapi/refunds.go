@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
@@ -63,8 +64,8 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 		Rederive: rederive(refunds.Get),
 		// The stored response is shown only while the payment is still the
 		// caller's: row-level security hides it otherwise.
-		Reauthorize: func(ctx context.Context, tx pgx.Tx) error {
-			_, err := payments.Get(ctx, tx, paymentID)
+		Reauthorize: func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error {
+			_, err := payments.Get(ctx, tx, principal, paymentID)
 			return err
 		},
 	})
@@ -82,11 +83,11 @@ func (a *api) listRefunds(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var list refundList
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := payments.Get(ctx, tx, paymentID); err != nil {
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error {
+		if _, err := payments.Get(ctx, tx, principal, paymentID); err != nil {
 			return err
 		}
-		list.Data, list.HasMore, err = refunds.List(ctx, tx, paymentID, pg.after, pg.limit)
+		list.Data, list.HasMore, err = refunds.List(ctx, tx, principal, paymentID, pg.after, pg.limit)
 		return err
 	})
 	a.respond(w, r, list, err)
@@ -99,8 +100,8 @@ func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var refund refunds.Refund
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		refund, err = refunds.Get(ctx, tx, id)
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		refund, err = refunds.Get(ctx, tx, principal, id)
 		return err
 	})
 	a.respond(w, r, refund, err)

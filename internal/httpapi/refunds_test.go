@@ -212,7 +212,11 @@ func TestRefundReplayIsReauthorized(t *testing.T) {
 	// The payment changes hands (as an operator could do in the database):
 	// the stored refund is no longer the caller's to see.
 	fresh := b.newKey(t, "acme", allScopes...)
-	_, err = b.admin.Exec(context.Background(), `UPDATE payments SET principal_id = gen_random_uuid() WHERE id = $1`, pay)
+	// Its refunds go with it, in the same statement: their foreign key
+	// names the payment's principal.
+	_, err = b.admin.Exec(context.Background(), `
+		WITH moved AS (UPDATE payments SET principal_id = $2 WHERE id = $1)
+		UPDATE refunds SET principal_id = $2 WHERE payment_id = $1`, pay, uuid.New())
 	require.NoError(t, err)
 	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", fresh.Secret, "r", `{"amount": 100}`), http.StatusNotFound, "not-found")
 }

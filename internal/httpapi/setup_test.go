@@ -78,6 +78,12 @@ type options struct {
 	urls webhooks.URLPolicy
 	// webhookSchedule is the delivery schedule (testSchedule unless set).
 	webhookSchedule []time.Duration
+	// partitioned hash-partitions every tenant table by principal_id
+	// (testdata/partition_by_principal.sql) before the service starts.
+	partitioned bool
+	// statements, when set, records every statement the service and
+	// maintenance pools send.
+	statements *statementRecorder
 }
 
 // testSchedule is the webhook delivery schedule of tests: eight attempts,
@@ -105,6 +111,7 @@ type testBundle struct {
 	// quota is nil unless options.keyQuota is set; tests call Flush.
 	quota   *idempotency.Quota
 	sweeper *idempotency.Sweeper
+	maint   *database.Pool    // the maintenance role: sweeps and gauges
 	proxy   *faultproxy.Proxy // nil unless options.faultProxy
 	// sim is the processor the outbox workers call.
 	sim *processor.Simulator
@@ -154,6 +161,13 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	if o.roundTrips != nil {
 		tracer = o.roundTrips
 	}
+	var maintTracer pgx.QueryTracer
+	if o.statements != nil {
+		tracer, maintTracer = o.statements, o.statements
+	}
+	if o.partitioned {
+		partitionByPrincipal(t, b.db.AdminURL)
+	}
 	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout,
 		Tracer: tracer, IdleInTxTimeout: o.idleInTx})
 	require.NoError(t, err)
@@ -168,9 +182,10 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	t.Cleanup(admin.Close)
 	b.admin = admin
 
-	maint, err := database.Open(ctx, b.db.MaintenanceURL, database.PoolConfig{MaxConns: maintConns, AcquireTimeout: o.acquireTimeout})
+	maint, err := database.Open(ctx, b.db.MaintenanceURL, database.PoolConfig{MaxConns: maintConns, AcquireTimeout: o.acquireTimeout, Tracer: maintTracer})
 	require.NoError(t, err)
 	t.Cleanup(maint.Close)
+	b.maint = maint
 	b.sweeper, err = idempotency.NewSweeper(maint, idempotency.SweeperConfig{Chunk: 100, Pause: time.Millisecond, Retention: 25 * time.Hour, MeterProvider: mp})
 	require.NoError(t, err)
 	if o.keyQuota > 0 {

@@ -91,7 +91,7 @@ func (a *api) rotateSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			e, err := webhooks.RotateSecret(ctx, w.Tx, a.keyring, id)
+			e, err := webhooks.RotateSecret(ctx, w.Tx, a.keyring, w.Principal, id)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
@@ -111,13 +111,13 @@ func (a *api) secretOutcome(status int, e webhooks.Endpoint) (idempotency.Outcom
 
 // rederiveSecret renders, for a replay, the endpoint as it is now with the
 // secret the original response showed (webhooks.Endpoint.SecretRef).
-func (a *api) rederiveSecret(status int) func(context.Context, pgx.Tx, string) (idempotency.Response, error) {
-	return func(ctx context.Context, tx pgx.Tx, ref string) (idempotency.Response, error) {
+func (a *api) rederiveSecret(status int) func(context.Context, pgx.Tx, uuid.UUID, string) (idempotency.Response, error) {
+	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) (idempotency.Response, error) {
 		id, version, err := webhooks.ParseSecretRef(ref)
 		if err != nil {
 			return idempotency.Response{}, err
 		}
-		e, err := webhooks.Get(ctx, tx, id)
+		e, err := webhooks.Get(ctx, tx, principal, id)
 		if err != nil {
 			return idempotency.Response{}, err
 		}
@@ -127,9 +127,9 @@ func (a *api) rederiveSecret(status int) func(context.Context, pgx.Tx, string) (
 
 // endpointVisible lets a replay through only while the endpoint is still
 // the caller's (row-level security hides it otherwise).
-func endpointVisible(id uuid.UUID) func(context.Context, pgx.Tx) error {
-	return func(ctx context.Context, tx pgx.Tx) error {
-		_, err := webhooks.Get(ctx, tx, id)
+func endpointVisible(id uuid.UUID) func(context.Context, pgx.Tx, uuid.UUID) error {
+	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error {
+		_, err := webhooks.Get(ctx, tx, principal, id)
 		return err
 	}
 }
@@ -147,7 +147,7 @@ func (a *api) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			e, err := webhooks.Delete(ctx, w.Tx, id)
+			e, err := webhooks.Delete(ctx, w.Tx, w.Principal, id)
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
@@ -161,8 +161,8 @@ func (a *api) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) listEndpoints(w http.ResponseWriter, r *http.Request) {
 	var list endpointList
-	err := a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		list.Data, err = webhooks.List(ctx, tx)
+	err := a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		list.Data, err = webhooks.List(ctx, tx, principal)
 		return err
 	})
 	a.respond(w, r, list, err)
@@ -175,8 +175,8 @@ func (a *api) getEndpoint(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var e webhooks.Endpoint
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		e, err = webhooks.Get(ctx, tx, id)
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		e, err = webhooks.Get(ctx, tx, principal, id)
 		if err == nil && e.Status == webhooks.StatusDeleted {
 			err = webhooks.ErrNotFound
 		}
@@ -197,8 +197,8 @@ func (a *api) listDeliveries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var list deliveryList
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx) (err error) {
-		list.Data, list.HasMore, err = webhooks.ListDeliveries(ctx, tx, id, pg.after, pg.limit)
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		list.Data, list.HasMore, err = webhooks.ListDeliveries(ctx, tx, principal, id, pg.after, pg.limit)
 		return err
 	})
 	a.respond(w, r, list, err)

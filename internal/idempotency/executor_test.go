@@ -45,7 +45,7 @@ func TestReplayIsReadOnly(t *testing.T) {
 			executed++
 			return idempotency.Outcome{Response: idempotency.Response{Status: 201, ContentType: "application/json", Body: []byte(`{"ok":true}`)}}, nil
 		},
-		Reauthorize: func(ctx context.Context, tx pgx.Tx) error {
+		Reauthorize: func(ctx context.Context, tx pgx.Tx, _ uuid.UUID) error {
 			return tx.QueryRow(ctx, `SELECT txid_current_if_assigned()`).Scan(&xid)
 		},
 	}

@@ -16,9 +16,10 @@ import (
 //   - the row count is the planner's estimate (pg_class.reltuples, kept by
 //     ANALYZE and autovacuum), never count(*), which would scan the table;
 //   - the size comes from the files' sizes (pg_total_relation_size);
-//   - the oldest live key is the first entry past now() in the expires_at
-//     index (expires_at = created_at + retention, so it is the oldest live
-//     created_at), one index probe and one heap fetch;
+//   - the oldest live key is the oldest of each principal's first entry past
+//     now() in the (principal_id, expires_at) index (expires_at = created_at
+//   - retention, so it is the oldest live created_at): one index probe and
+//     one heap fetch per principal;
 //
 // reltuples is -1 for a table never analyzed (a new one, before autovacuum's
 // first ANALYZE): then the rows are counted, up to 100,000, so the gauge is
@@ -29,8 +30,11 @@ SELECT
                  ELSE (SELECT count(*) FROM (SELECT 1 FROM idempotency_keys LIMIT 100000) few) END
      FROM pg_class WHERE oid = 'idempotency_keys'::regclass),
     pg_total_relation_size('idempotency_keys'::regclass),
-    coalesce((SELECT extract(epoch FROM now() - created_at)::float8 FROM idempotency_keys
-              WHERE expires_at > now() ORDER BY expires_at LIMIT 1), 0)`
+    coalesce((SELECT max(extract(epoch FROM now() - o.created_at))::float8
+              FROM principals p CROSS JOIN LATERAL (
+                  SELECT created_at FROM idempotency_keys k
+                  WHERE k.principal_id = p.id AND k.expires_at > now()
+                  ORDER BY k.expires_at LIMIT 1) o), 0)`
 
 type storeStats struct {
 	rows, bytes   int64

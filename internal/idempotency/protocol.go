@@ -31,7 +31,9 @@ var errResponseTooLarge = errors.New("response over the storage cap and no resou
 //  1. authenticate the caller and claim the key, in one round trip: the
 //     authentication (which sets the tenant), one INSERT ... ON CONFLICT DO
 //     NOTHING (waiting for a concurrent attempt with the same key, if there
-//     is one), and the lookup of the row it conflicted with;
+//     is one), and the lookup of the row it conflicted with (the first
+//     request with a key this process has not authenticated before
+//     authenticates in a round trip of its own: Request.Principal);
 //  2. if the claim succeeded: execute, store the response on the claimed
 //     row, commit once;
 //  3. if not: the looked-up row with a different fingerprint is
@@ -52,17 +54,26 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 
 // run is Do without the instruments. It returns the outcome to record.
 func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *observation) (res Result, outcome string, err error) {
-	var principal uuid.UUID
+	principal := req.Principal
 	err = database.InTx(ctx, e.pool, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		caller := req.Authenticate(b)
+		if principal == uuid.Nil {
+			// The claim names its principal, which only the authentication
+			// can tell the first time this process sees the caller's key:
+			// authenticate in a round trip of its own.
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return fmt.Errorf("authenticate: %w", err)
+			}
+			b, principal = &pgx.Batch{}, *caller
+		}
 		for range maxClaimAttempts {
 			// 1. Claim. The unique index on (principal, endpoint, key) is the
 			// only concurrency control: a concurrent attempt's uncommitted
 			// row makes this statement wait until that attempt ends (at most
 			// LOCK_TIMEOUT), and then it sees the outcome.
 			var c claimed
-			queueClaim(b, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, &c)
+			queueClaim(b, principal, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, &c)
 			start := time.Now()
 			err := tx.SendBatch(ctx, b).Close()
 			obs.claimed(ctx, start)
@@ -74,7 +85,11 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 				return fmt.Errorf("claim key: %w", err)
 			}
 			b = &pgx.Batch{}
-			principal = *caller
+			if *caller != principal {
+				// Cannot happen (a key's principal never changes), and
+				// row-level security would have refused the claim's row.
+				return fmt.Errorf("claim key: named principal %s, authenticated %s", principal, *caller)
+			}
 			obs.authenticated(principal)
 			if c.owned {
 				// The quota is checked once the claim is ours: a principal at
@@ -95,7 +110,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 					outcome = OutcomeQuotaExceeded
 					return err
 				}
-				taken, now, err := takeOver(ctx, tx, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention)
+				taken, now, err := takeOver(ctx, tx, principal, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention)
 				if database.IsLockTimeout(err) {
 					outcome = OutcomeConflict
 					return ErrRequestInProgress
@@ -121,7 +136,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 				outcome = OutcomeConflict
 				return ErrRequestInProgress
 			}
-			return e.replay(ctx, tx, op, c.rec, &res, obs)
+			return e.replay(ctx, tx, op, principal, c.rec, &res, obs)
 		}
 		return fmt.Errorf("claim key: row vanished %d times in a row", maxClaimAttempts)
 	})
@@ -178,7 +193,7 @@ func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principa
 		}
 		ref = out.ResourceRef
 	}
-	queueComplete(b, req.Scope, state, out.Response, ref)
+	queueComplete(b, principal, req.Scope, state, out.Response, ref)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return err
 	}
@@ -189,15 +204,15 @@ func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principa
 // replay answers with what the original attempt stored, after checking that
 // the caller may still see it: a revoked or narrowed key gets no replay
 // (authentication, in the claim's round trip, checked both).
-func (e *Executor) replay(ctx context.Context, tx pgx.Tx, op Operation, rec record, res *Result, obs *observation) error {
+func (e *Executor) replay(ctx context.Context, tx pgx.Tx, op Operation, principal uuid.UUID, rec record, res *Result, obs *observation) error {
 	if op.Reauthorize != nil {
-		if err := op.Reauthorize(ctx, tx); err != nil {
+		if err := op.Reauthorize(ctx, tx, principal); err != nil {
 			return err
 		}
 	}
 	if rec.ResourceRef != "" {
 		// Status and content type are stored; only the body is re-rendered.
-		again, err := op.Rederive(ctx, tx, rec.ResourceRef)
+		again, err := op.Rederive(ctx, tx, principal, rec.ResourceRef)
 		if err != nil {
 			return fmt.Errorf("re-derive stored response: %w", err)
 		}

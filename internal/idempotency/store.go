@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -24,17 +25,15 @@ const (
 
 // Scope identifies one record: the idempotency key is unique per principal and
 // per endpoint (route template), never globally. The principal is the
-// transaction's tenant, which authenticating the caller set: every statement
-// here reads it from the database (tenantSQL), none takes it from Go.
+// authenticated caller's: every statement here names it as its first
+// parameter, which is what would route it to one shard of a table
+// distributed by principal (docs/scaling.md), and row-level security checks
+// it against the tenant the authentication set in the database, so a
+// statement naming another principal finds no row and inserts none.
 type Scope struct {
 	Endpoint string
 	Key      string
 }
-
-// tenantSQL is the transaction's tenant, set by authenticate_request. It has
-// no default: a statement run without a tenant fails instead of matching
-// another principal's rows.
-const tenantSQL = `current_setting('app.principal_id')::uuid`
 
 // record is a stored key as a replay needs it.
 type record struct {
@@ -64,7 +63,7 @@ type record struct {
 const claimSQL = `
 INSERT INTO idempotency_keys
     (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at)
-SELECT ` + tenantSQL + `, $1, $2, 'in_progress', $3, $4, NULLIF($5, ''), now() + $6 * interval '1 millisecond'
+VALUES ($1, $2, $3, 'in_progress', $4, $5, NULLIF($6, ''), now() + $7 * interval '1 millisecond')
 ON CONFLICT (principal_id, endpoint, key) DO NOTHING
 RETURNING now()`
 
@@ -83,7 +82,7 @@ const lookupSQL = `
 SELECT state, fingerprint, response_status, coalesce(response_content_type, ''),
        coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '')
 FROM idempotency_keys
-WHERE principal_id = ` + tenantSQL + ` AND endpoint = $1 AND key = $2 AND expires_at >= now()`
+WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at >= now()`
 
 // claimed is what the claim's round trip learned.
 type claimed struct {
@@ -93,10 +92,10 @@ type claimed struct {
 	found bool
 }
 
-// queueClaim adds the claim and the lookup behind it to b, and fills c when
-// b runs.
-func queueClaim(b *pgx.Batch, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, c *claimed) {
-	b.Queue(claimSQL, s.Endpoint, s.Key, fingerprint, requestID, traceParent, ttl.Milliseconds()).QueryRow(func(row pgx.Row) error {
+// queueClaim adds principal's claim and the lookup behind it to b, and
+// fills c when b runs.
+func queueClaim(b *pgx.Batch, principal uuid.UUID, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, c *claimed) {
+	b.Queue(claimSQL, principal, s.Endpoint, s.Key, fingerprint, requestID, traceParent, ttl.Milliseconds()).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&c.now)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -104,7 +103,7 @@ func queueClaim(b *pgx.Batch, s Scope, fingerprint []byte, requestID, traceParen
 		c.owned = err == nil
 		return err
 	})
-	b.Queue(lookupSQL, s.Endpoint, s.Key).QueryRow(func(row pgx.Row) error {
+	b.Queue(lookupSQL, principal, s.Endpoint, s.Key).QueryRow(func(row pgx.Row) error {
 		var status *int16
 		r := &c.rec
 		err := row.Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID, &r.TraceParent)
@@ -139,18 +138,18 @@ func queueClaim(b *pgx.Batch, s Scope, fingerprint []byte, requestID, traceParen
 // now() is the transaction's start, the same instant lookup compared with.
 const takeOverSQL = `
 UPDATE idempotency_keys
-SET state = 'in_progress', fingerprint = $3,
+SET state = 'in_progress', fingerprint = $4,
     response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
-    correlation_id = $4, trace_parent = NULLIF($6, ''), created_at = now(), expires_at = now() + $5 * interval '1 millisecond'
-WHERE principal_id = ` + tenantSQL + ` AND endpoint = $1 AND key = $2 AND expires_at < now()
+    correlation_id = $5, trace_parent = NULLIF($7, ''), created_at = now(), expires_at = now() + $6 * interval '1 millisecond'
+WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at < now()
 RETURNING now()`
 
-// takeOver claims s's expired row. It reports whether this transaction now
-// owns the key, and the transaction's now(); false means there was no
-// expired row to take (any more).
-func takeOver(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration) (bool, time.Time, error) {
+// takeOver claims principal's expired row s. It reports whether this
+// transaction now owns the key, and the transaction's now(); false means
+// there was no expired row to take (any more).
+func takeOver(ctx context.Context, tx pgx.Tx, principal uuid.UUID, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration) (bool, time.Time, error) {
 	var now time.Time
-	err := tx.QueryRow(ctx, takeOverSQL, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), traceParent).Scan(&now)
+	err := tx.QueryRow(ctx, takeOverSQL, principal, s.Endpoint, s.Key, fingerprint, requestID, ttl.Milliseconds(), traceParent).Scan(&now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, time.Time{}, nil
 	}
@@ -164,7 +163,7 @@ func takeOver(ctx context.Context, tx pgx.Tx, s Scope, fingerprint []byte, reque
 // claimed row, in the claiming transaction: either the body or, when it is
 // over the cap, ref. It goes last in the batch that carries the operation's
 // own writes, so they and the response reach the server in one round trip.
-func queueComplete(b *pgx.Batch, s Scope, state State, resp Response, ref string) {
+func queueComplete(b *pgx.Batch, principal uuid.UUID, s Scope, state State, resp Response, ref string) {
 	body, refArg := resp.Body, &ref
 	if ref == "" {
 		refArg = nil
@@ -173,9 +172,9 @@ func queueComplete(b *pgx.Batch, s Scope, state State, resp Response, ref string
 	}
 	b.Queue(`
 		UPDATE idempotency_keys
-		SET state = $3, response_status = $4, response_content_type = $5, response_body = $6, response_ref = $7
-		WHERE principal_id = `+tenantSQL+` AND endpoint = $1 AND key = $2 AND state = 'in_progress'`,
-		s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, body, refArg).Exec(func(tag pgconn.CommandTag) error {
+		SET state = $4, response_status = $5, response_content_type = $6, response_body = $7, response_ref = $8
+		WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND state = 'in_progress'`,
+		principal, s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, body, refArg).Exec(func(tag pgconn.CommandTag) error {
 		if tag.RowsAffected() != 1 {
 			return fmt.Errorf("store response: claimed row not found in state in_progress (updated %d rows)", tag.RowsAffected())
 		}

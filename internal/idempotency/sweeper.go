@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 
@@ -21,26 +22,35 @@ const SweeperLockID int64 = 0x6964656d737770
 // ErrSweepBusy means another sweeper holds the lock; this one did nothing.
 var ErrSweepBusy = errors.New("another sweeper is running")
 
-// sweepChunkSQL deletes at most $1 expired rows, oldest first, through the
-// expires_at index. The inner SELECT locks the rows it picks and skips rows
-// that are locked: those are being taken over by a late retry right now.
-// The outer WHERE checks expires_at again, so a row that a retry took over
-// (and gave a new expires_at) between the pick and the delete survives.
-// Row-level security adds the same condition a third time for this role.
+// sweepChunkSQL deletes at most $2 of principal $1's expired rows, oldest
+// first, through the (principal_id, expires_at) index. The inner SELECT
+// locks the rows it picks and skips rows that are locked: those are being
+// taken over by a late retry right now. The outer WHERE checks expires_at
+// again, so a row that a retry took over (and gave a new expires_at)
+// between the pick and the delete survives. Row-level security adds the
+// same condition a third time for this role.
+//
+// It works one principal at a time so that each statement stays on one
+// shard of a table distributed by principal: FOR UPDATE SKIP LOCKED cannot
+// span shards (docs/scaling.md). On one server the price is one index probe
+// per principal with nothing to sweep.
 const sweepChunkSQL = `
 DELETE FROM idempotency_keys k
 USING (
     SELECT principal_id, endpoint, key
     FROM idempotency_keys
-    WHERE expires_at < now()
+    WHERE principal_id = $1 AND expires_at < now()
     ORDER BY expires_at
-    LIMIT $1
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 ) expired
-WHERE k.principal_id = expired.principal_id
+WHERE k.principal_id = $1
   AND k.endpoint = expired.endpoint
   AND k.key = expired.key
   AND k.expires_at < now()`
+
+// sweepUsageSQL deletes principal $1's usage buckets older than $2.
+const sweepUsageSQL = `DELETE FROM idempotency_key_usage WHERE principal_id = $1 AND bucket < $2`
 
 // SweeperConfig bounds a sweep.
 type SweeperConfig struct {
@@ -87,6 +97,9 @@ func NewSweeper(pool *database.Pool, cfg SweeperConfig) (*Sweeper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sweeper counter: %w", err)
 	}
+	// Present from the start, at 0: a sweep of a database with no
+	// principals yet runs no chunk to add to it.
+	s.deleted.Add(context.Background(), 0)
 	_, err = m.Float64ObservableGauge("idempotency_sweeper_last_run_timestamp",
 		metric.WithUnit("s"),
 		metric.WithDescription("Unix time of this instance's last completed sweep; absent until one ran."),
@@ -131,30 +144,36 @@ func (s *Sweeper) Sweep(ctx context.Context) (int64, error) {
 	}()
 
 	var total int64
-	for {
-		start := time.Now()
-		tag, err := conn.Exec(ctx, sweepChunkSQL, s.cfg.Chunk)
-		if err != nil {
-			return total, fmt.Errorf("sweep chunk: %w", database.Classify(err))
+	usageBefore := time.Now().Add(-s.cfg.Retention - time.Hour).UTC().Truncate(time.Hour)
+	err = database.EachPrincipal(ctx, conn, func(principal uuid.UUID) error {
+		for {
+			start := time.Now()
+			tag, err := conn.Exec(ctx, sweepChunkSQL, principal, s.cfg.Chunk)
+			if err != nil {
+				return fmt.Errorf("sweep chunk: %w", database.Classify(err))
+			}
+			if s.OnChunk != nil {
+				s.OnChunk(tag.RowsAffected(), time.Since(start))
+			}
+			total += tag.RowsAffected()
+			s.deleted.Add(ctx, tag.RowsAffected())
+			if tag.RowsAffected() < int64(s.cfg.Chunk) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(s.cfg.Pause):
+			}
 		}
-		if s.OnChunk != nil {
-			s.OnChunk(tag.RowsAffected(), time.Since(start))
+		// Usage buckets are few (one per principal per hour).
+		if _, err := conn.Exec(ctx, sweepUsageSQL, principal, usageBefore); err != nil {
+			return fmt.Errorf("sweep usage buckets: %w", database.Classify(err))
 		}
-		total += tag.RowsAffected()
-		s.deleted.Add(ctx, tag.RowsAffected())
-		if tag.RowsAffected() < int64(s.cfg.Chunk) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return total, ctx.Err()
-		case <-time.After(s.cfg.Pause):
-		}
-	}
-	// Usage buckets are few (one per principal per hour); one statement.
-	if _, err := conn.Exec(ctx, `DELETE FROM idempotency_key_usage WHERE bucket < $1`,
-		time.Now().Add(-s.cfg.Retention-time.Hour).UTC().Truncate(time.Hour)); err != nil {
-		return total, fmt.Errorf("sweep usage buckets: %w", database.Classify(err))
+		return nil
+	})
+	if err != nil {
+		return total, err
 	}
 	s.lastRun.Store(time.Now().Unix())
 	if s.OnSweep != nil {

@@ -43,14 +43,26 @@ func setupSweep(t *testing.T, chunk int) *sweepBundle {
 	return &sweepBundle{admin: admin, maint: maint, sweeper: sweeper}
 }
 
-// insertKeys adds n completed keys whose expires_at is offset from now.
+// sweepPrincipals is how many principals insertKeys spreads keys over: the
+// sweeper works one principal at a time.
+const sweepPrincipals = 50
+
+// insertKeys adds n completed keys whose expires_at is offset from now,
+// spread over sweepPrincipals principals (created on first use).
 func (b *sweepBundle) insertKeys(t *testing.T, prefix string, n int, offset time.Duration) {
 	t.Helper()
-	_, err := b.admin.Exec(context.Background(), `
+	ctx := context.Background()
+	_, err := b.admin.Exec(ctx, `
+		INSERT INTO principals (id, name) SELECT gen_random_uuid(), 'sweep-' || i FROM generate_series(1, $1) i
+		ON CONFLICT (name) DO NOTHING`, sweepPrincipals)
+	require.NoError(t, err)
+	_, err = b.admin.Exec(ctx, `
 		INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, response_status, response_content_type, response_body, correlation_id, created_at, expires_at)
-		SELECT gen_random_uuid(), 'POST /v1/payments', $1 || i, 'completed', sha256(''), 201, 'application/json', '{}', 'req',
+		SELECT p.id, 'POST /v1/payments', $1 || i, 'completed', sha256(''), 201, 'application/json', '{}', 'req',
 		       now() + $3 * interval '1 millisecond' - interval '25 hours', now() + $3 * interval '1 millisecond' - (i % 100) * interval '1 second'
-		FROM generate_series(1, $2) i`, prefix, n, offset.Milliseconds())
+		FROM generate_series(1, $2) i
+		JOIN (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM principals WHERE name LIKE 'sweep-%') p ON p.n = i % $4`,
+		prefix, n, offset.Milliseconds(), sweepPrincipals)
 	require.NoError(t, err)
 }
 

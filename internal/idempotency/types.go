@@ -56,13 +56,14 @@ type Operation struct {
 	// including the claim: nothing is stored and a retry executes afresh.
 	Execute func(ctx context.Context, w Work) (Outcome, error)
 	// Reauthorize, when set, runs before a stored response is replayed, in
-	// the same transaction, to check that the caller may still see it.
-	Reauthorize func(ctx context.Context, tx pgx.Tx) error
+	// the same transaction, to check that the caller, principal, may still
+	// see it.
+	Reauthorize func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error
 	// Rederive renders the response again from the resource named by ref,
 	// for a replay whose body was too large to store. It must only read:
 	// a replay never executes the request again. The response shows the
 	// resource as it is now, which may differ from the original.
-	Rederive func(ctx context.Context, tx pgx.Tx, ref string) (Response, error)
+	Rederive func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) (Response, error)
 }
 
 // Work is where an Operation does its business write.
@@ -93,6 +94,15 @@ type Request struct {
 	// executor sends it first in the claim's round trip; when it fails,
 	// nothing after it runs and Do returns its error.
 	Authenticate func(b *pgx.Batch) *uuid.UUID
+	// Principal is the caller's principal when it is known before the
+	// authentication has answered (auth.Credentials.Principal), or
+	// uuid.Nil. The claim names it, so that it can travel in the
+	// authentication's round trip and still name its principal as every
+	// tenant statement does (docs/scaling.md); when it is not known, the
+	// executor sends the authentication alone first, one round trip more.
+	// It grants nothing: the authentication decides, and a principal that
+	// is not the authenticated one fails the request.
+	Principal uuid.UUID
 	Scope
 	// Fingerprint of the request, from Fingerprint.
 	Fingerprint []byte

@@ -38,7 +38,7 @@ type ChargeWorker struct {
 // Work runs one attempt.
 func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) error {
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Payment]{
-		Load:    func(b *pgx.Batch, p *Payment) { QueueGet(b, job.Args.PaymentID, p) },
+		Load:    func(b *pgx.Batch, p *Payment) { QueueGet(b, job.Args.Principal, job.Args.PaymentID, p) },
 		Pending: func(p Payment) bool { return p.Status == StatusProcessing },
 		Call: func(ctx context.Context, p Payment, last bool) (func(*pgx.Batch) error, error) {
 			res, err := w.Processor.Charge(ctx, processor.Charge{Key: p.ID.String(), Amount: p.Amount, Currency: p.Currency})
@@ -46,7 +46,9 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 			if status == "" {
 				return nil, fmt.Errorf("charge payment %s: %w", p.ID, err)
 			}
-			return func(b *pgx.Batch) error { return QueueSettle(ctx, b, w.Events, p, status, reason, res.ID) }, nil
+			return func(b *pgx.Batch) error {
+				return QueueSettle(ctx, b, w.Events, job.Args.Principal, p, status, reason, res.ID)
+			}, nil
 		},
 	})
 }

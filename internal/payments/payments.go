@@ -153,31 +153,36 @@ func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, principal uui
 	return p, nil
 }
 
-// Get returns the payment with id. Row-level security hides other principals'
-// payments, which therefore look exactly like missing ones.
-func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Payment, error) {
-	return get(ctx, db, id, "")
+// Get returns principal's payment with id. Row-level security hides other
+// principals' payments, which therefore look exactly like missing ones.
+//
+// Every statement on a tenant table names the principal, as its first
+// parameter, beside whatever else it looks up: with the tables distributed
+// by principal, that is what routes it to one shard (docs/scaling.md).
+func Get(ctx context.Context, db database.DBTX, principal, id uuid.UUID) (Payment, error) {
+	return get(ctx, db, principal, id, "")
 }
 
-// GetForUpdate returns the payment with id and locks its row until tx ends.
-// Every refund of a payment takes this lock first, so refunds of one payment
-// run one after another and each sees what the previous ones refunded.
-func GetForUpdate(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Payment, error) {
-	return get(ctx, tx, id, " FOR UPDATE")
+// GetForUpdate returns principal's payment with id and locks its row until
+// tx ends. Every refund of a payment takes this lock first, so refunds of
+// one payment run one after another and each sees what the previous ones
+// refunded.
+func GetForUpdate(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID) (Payment, error) {
+	return get(ctx, tx, principal, id, " FOR UPDATE")
 }
 
 const getSQL = `
 	SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
-	FROM payments WHERE id = $1`
+	FROM payments WHERE principal_id = $1 AND id = $2`
 
-func get(ctx context.Context, db database.DBTX, id uuid.UUID, lock string) (Payment, error) {
-	return scanOne(db.QueryRow(ctx, getSQL+lock, id))
+func get(ctx context.Context, db database.DBTX, principal, id uuid.UUID, lock string) (Payment, error) {
+	return scanOne(db.QueryRow(ctx, getSQL+lock, principal, id))
 }
 
 // QueueGet is Get queued on b: *p is the payment once b has run, and b
 // fails with ErrNotFound when there is none.
-func QueueGet(b *pgx.Batch, id uuid.UUID, p *Payment) {
-	b.Queue(getSQL, id).QueryRow(func(row pgx.Row) (err error) {
+func QueueGet(b *pgx.Batch, principal, id uuid.UUID, p *Payment) {
+	b.Queue(getSQL, principal, id).QueryRow(func(row pgx.Row) (err error) {
 		*p, err = scanOne(row)
 		return err
 	})
@@ -198,9 +203,8 @@ func scanOne(row pgx.Row) (Payment, error) {
 // ListLimit is the most payments one list response holds.
 const ListLimit = 100
 
-// List returns up to limit of the principal's payments (row-level security
-// shows no other), after the payment with id after when it is not nil, and
-// whether there are more.
+// List returns up to limit of principal's payments, after the payment with
+// id after when it is not nil, and whether there are more.
 //
 // The order is final when a payment becomes visible (migration 13): by the
 // creating transaction's id, showing only payments whose transaction is
@@ -208,14 +212,14 @@ const ListLimit = 100
 // behind a page already read, so a client following the cursor sees each
 // payment exactly once; the newest payments show once the transactions
 // begun before them have ended, milliseconds later.
-func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([]Payment, bool, error) {
+func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uuid.UUID, limit int) ([]Payment, bool, error) {
 	rows, err := db.Query(ctx, `
 		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
 		FROM payments
-		WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid
+		WHERE principal_id = $1
 		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
-		  AND ($1::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM payments c WHERE c.id = $1))
-		ORDER BY xid, id LIMIT $2`, after, limit+1)
+		  AND ($2::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM payments c WHERE c.principal_id = $1 AND c.id = $2))
+		ORDER BY xid, id LIMIT $3`, principal, after, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list payments: %w", err)
 	}
@@ -226,7 +230,7 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 	if len(list) == 0 && after != nil {
 		// No page after an unknown cursor: say so rather than answer an
 		// empty page that reads as the end of the list.
-		if _, err := Get(ctx, db, *after); errors.Is(err, ErrNotFound) {
+		if _, err := Get(ctx, db, principal, *after); errors.Is(err, ErrNotFound) {
 			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
 		} else if err != nil {
 			return nil, false, err
@@ -238,15 +242,15 @@ func List(ctx context.Context, db database.DBTX, after *uuid.UUID, limit int) ([
 	return list, false, nil
 }
 
-// Settle records the processor's answer for payment p, not yet decided
+// Settle records the processor's answer for principal's payment p, not yet decided
 // (processing, or waiting for reconciliation), with the event that says so
 // and what fanout queues for it, and reports whether it changed the row:
 // false when the payment was already decided, by an earlier run of the job
 // or by the reconciler, whose answer (and event) stands.
-func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, p Payment, status string, reason *string, processorID string) (bool, error) {
+func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, principal uuid.UUID, p Payment, status string, reason *string, processorID string) (bool, error) {
 	b := &pgx.Batch{}
 	var changed bool
-	if err := queueSettle(ctx, b, fanout, p, status, reason, processorID, &changed); err != nil {
+	if err := queueSettle(ctx, b, fanout, principal, p, status, reason, processorID, &changed); err != nil {
 		return false, err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -257,11 +261,11 @@ func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, p Payment, sta
 
 // QueueSettle is Settle queued on b, for the outbox worker, which records
 // the answer in one round trip with its job's completion.
-func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, p Payment, status string, reason *string, processorID string) error {
-	return queueSettle(ctx, b, fanout, p, status, reason, processorID, nil)
+func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, p Payment, status string, reason *string, processorID string) error {
+	return queueSettle(ctx, b, fanout, principal, p, status, reason, processorID, nil)
 }
 
-func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, p Payment, status string, reason *string, processorID string, changed *bool) error {
+func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, p Payment, status string, reason *string, processorID string, changed *bool) error {
 	// The snapshot is the payment as it was read, with the answer: nothing
 	// else of an undecided payment changes (it cannot be refunded yet).
 	p.Status, p.FailureReason = status, reason
@@ -270,34 +274,36 @@ func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, p Paym
 		return err
 	}
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, p.ID, status, reason, processorID, eventID, events.Type("payment", status), data).Exec(func(tag pgconn.CommandTag) error {
+	b.Queue(settleSQL, principal, p.ID, status, reason, processorID, eventID, events.Type("payment", status), data).Exec(func(tag pgconn.CommandTag) error {
 		if changed != nil {
 			*changed = tag.RowsAffected() == 1
 		}
 		return nil
 	})
-	return fanout.Queue(ctx, b, eventID)
+	return fanout.Queue(ctx, b, principal, eventID)
 }
 
 // settleSQL moves the payment to its decided status and records the event
 // that says so, in one statement: the event exists if and only if this
-// statement changed the row.
+// statement changed the row. The event's principal is the parameter, not
+// the updated row's column, so that the INSERT, too, names its shard.
 const settleSQL = `
 	WITH settled AS (
-		UPDATE payments SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
-		WHERE id = $1 AND status IN ('processing', 'requires_reconciliation') AND status <> $2
-		RETURNING principal_id, request_id, idempotency_key, livemode)
+		UPDATE payments SET status = $3, failure_reason = $4, processor_id = NULLIF($5, '')
+		WHERE principal_id = $1 AND id = $2 AND status IN ('processing', 'requires_reconciliation') AND status <> $3
+		RETURNING request_id, idempotency_key, livemode)
 	INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
-	SELECT $5, principal_id, $6, $7, request_id, idempotency_key, livemode FROM settled`
+	SELECT $6, $1, $7, $8, request_id, idempotency_key, livemode FROM settled`
 
-// addRefundedSQL adds $2 to what payment $1 has refunded. The table's CHECK
-// refuses a total above the payment's amount or below zero.
-const addRefundedSQL = `UPDATE payments SET amount_refunded = amount_refunded + $2 WHERE id = $1`
+// addRefundedSQL adds $3 to what principal $1's payment $2 has refunded.
+// The table's CHECK refuses a total above the payment's amount or below
+// zero.
+const addRefundedSQL = `UPDATE payments SET amount_refunded = amount_refunded + $3 WHERE principal_id = $1 AND id = $2`
 
-// QueueAddRefunded records, on b, amount more as refunded on the payment.
-// b fails with ErrNotFound when there is no such payment.
-func QueueAddRefunded(b *pgx.Batch, id uuid.UUID, amount int64) {
-	b.Queue(addRefundedSQL, id, amount).Exec(func(tag pgconn.CommandTag) error {
+// QueueAddRefunded records, on b, amount more as refunded on principal's
+// payment id. b fails with ErrNotFound when there is no such payment.
+func QueueAddRefunded(b *pgx.Batch, principal, id uuid.UUID, amount int64) {
+	b.Queue(addRefundedSQL, principal, id, amount).Exec(func(tag pgconn.CommandTag) error {
 		if tag.RowsAffected() != 1 {
 			return ErrNotFound
 		}

@@ -115,22 +115,22 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	var status string
 	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
 		if c.kind == "payment" {
-			p, err := payments.Get(ctx, tx, c.id)
+			p, err := payments.Get(ctx, tx, c.principal, c.id)
 			if err != nil {
 				return err
 			}
 			var reason *string
 			status, reason = payments.Decision(lookupErr, true)
-			_, err = payments.Settle(ctx, tx, r.Events, p, status, reason, res.ID)
+			_, err = payments.Settle(ctx, tx, r.Events, c.principal, p, status, reason, res.ID)
 			return err
 		}
-		rf, err := refunds.Get(ctx, tx, c.id)
+		rf, err := refunds.Get(ctx, tx, c.principal, c.id)
 		if err != nil {
 			return err
 		}
 		var reason *string
 		status, reason = payments.Decision(lookupErr, true) // the same words for refunds
-		_, err = refunds.Settle(ctx, tx, r.Events, rf, status, reason, res.ID)
+		_, err = refunds.Settle(ctx, tx, r.Events, c.principal, rf, status, reason, res.ID)
 		return err
 	})
 	if err != nil {

@@ -114,7 +114,7 @@ func (n NewRefund) Validate() error {
 // for a payment that cannot be refunded (now), and payments.ErrNotFound.
 // req is the request that makes the refund, named by its events.
 func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, principal uuid.UUID, req events.Request, paymentID uuid.UUID, n NewRefund, now time.Time) (Refund, error) {
-	p, err := payments.GetForUpdate(ctx, tx, paymentID)
+	p, err := payments.GetForUpdate(ctx, tx, principal, paymentID)
 	if err != nil {
 		return Refund{}, err
 	}
@@ -147,23 +147,23 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, p
 		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
 		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey)
-	payments.QueueAddRefunded(b, p.ID, r.Amount)
+	payments.QueueAddRefunded(b, principal, p.ID, r.Amount)
 	if err := jobs.Queue(ctx, b, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
 		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
 	}
 	return r, nil
 }
 
-// Settle records the processor's answer for refund r, not yet decided
+// Settle records the processor's answer for principal's refund r, not yet decided
 // (pending, or waiting for reconciliation), with the event that says so and
 // what fanout queues for it, and reports whether it changed the row. A
 // refund that failed gives its amount back to the payment, once: only the
 // statement that moves it to failed does. A refund waiting for
 // reconciliation keeps its amount counted, since the money may have moved.
-func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, r Refund, status string, reason *string, processorID string) (bool, error) {
+func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, principal uuid.UUID, r Refund, status string, reason *string, processorID string) (bool, error) {
 	b := &pgx.Batch{}
 	var changed bool
-	if err := queueSettle(ctx, b, fanout, r, status, reason, processorID, &changed); err != nil {
+	if err := queueSettle(ctx, b, fanout, principal, r, status, reason, processorID, &changed); err != nil {
 		return false, err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -174,11 +174,11 @@ func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, r Refund, stat
 
 // QueueSettle is Settle queued on b, for the outbox worker, which records
 // the answer in one round trip with its job's completion.
-func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, r Refund, status string, reason *string, processorID string) error {
-	return queueSettle(ctx, b, fanout, r, status, reason, processorID, nil)
+func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, r Refund, status string, reason *string, processorID string) error {
+	return queueSettle(ctx, b, fanout, principal, r, status, reason, processorID, nil)
 }
 
-func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, r Refund, status string, reason *string, processorID string, changed *bool) error {
+func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, r Refund, status string, reason *string, processorID string, changed *bool) error {
 	// The snapshot is the refund as it was read, with the answer: nothing
 	// else of a refund changes.
 	r.Status, r.FailureReason = status, reason
@@ -187,7 +187,7 @@ func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, r Refu
 		return err
 	}
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, r.ID, status, reason, processorID, eventID, events.Type("refund", status), data).QueryRow(func(row pgx.Row) error {
+	b.Queue(settleSQL, principal, r.ID, status, reason, processorID, eventID, events.Type("refund", status), data).QueryRow(func(row pgx.Row) error {
 		var moved bool
 		err := row.Scan(&moved)
 		if changed != nil {
@@ -195,29 +195,30 @@ func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, r Refu
 		}
 		return err
 	})
-	return fanout.Queue(ctx, b, eventID)
+	return fanout.Queue(ctx, b, principal, eventID)
 }
 
 // settleSQL moves the refund, records the event that says so, and, when it
 // moved it to failed, gives its amount back to its payment: one statement,
-// so that none of the three can happen without the others.
+// so that none of the three can happen without the others. Each part names
+// the principal, $1, so that all three stay on its shard.
 const settleSQL = `
 	WITH settled AS (
-		UPDATE refunds SET status = $2, failure_reason = $3, processor_id = NULLIF($4, '')
-		WHERE id = $1 AND status IN ('pending', 'requires_reconciliation') AND status <> $2
-		RETURNING principal_id, payment_id, amount, status, request_id, idempotency_key, livemode),
+		UPDATE refunds SET status = $3, failure_reason = $4, processor_id = NULLIF($5, '')
+		WHERE principal_id = $1 AND id = $2 AND status IN ('pending', 'requires_reconciliation') AND status <> $3
+		RETURNING payment_id, amount, status, request_id, idempotency_key, livemode),
 	given_back AS (
 		UPDATE payments p SET amount_refunded = p.amount_refunded - s.amount
-		FROM settled s WHERE p.id = s.payment_id AND s.status = 'failed'),
+		FROM settled s WHERE p.principal_id = $1 AND p.id = s.payment_id AND s.status = 'failed'),
 	event AS (
 		INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
-		SELECT $5, principal_id, $6, $7, request_id, idempotency_key, livemode FROM settled)
+		SELECT $6, $1, $7, $8, request_id, idempotency_key, livemode FROM settled)
 	SELECT EXISTS (SELECT FROM settled)`
 
 // QueueGet is Get queued on b: *r is the refund once b has run, and b fails
 // with ErrNotFound when there is none.
-func QueueGet(b *pgx.Batch, id uuid.UUID, r *Refund) {
-	b.Queue(`SELECT `+columns+` FROM refunds WHERE id = $1`, id).QueryRow(func(row pgx.Row) (err error) {
+func QueueGet(b *pgx.Batch, principal, id uuid.UUID, r *Refund) {
+	b.Queue(getSQL, principal, id).QueryRow(func(row pgx.Row) (err error) {
 		*r, err = scan(row)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
@@ -234,9 +235,12 @@ func scan(row pgx.Row) (Refund, error) {
 	return r, err
 }
 
-// Get returns the refund with id; other principals' refunds are invisible.
-func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Refund, error) {
-	r, err := scan(db.QueryRow(ctx, `SELECT `+columns+` FROM refunds WHERE id = $1`, id))
+const getSQL = `SELECT ` + columns + ` FROM refunds WHERE principal_id = $1 AND id = $2`
+
+// Get returns principal's refund with id; other principals' refunds are
+// invisible.
+func Get(ctx context.Context, db database.DBTX, principal, id uuid.UUID) (Refund, error) {
+	r, err := scan(db.QueryRow(ctx, getSQL, principal, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Refund{}, ErrNotFound
 	}
@@ -246,17 +250,17 @@ func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Refund, error) {
 	return r, nil
 }
 
-// List returns up to limit refunds of a payment, after the refund with id
+// List returns up to limit refunds of principal's payment paymentID, after the refund with id
 // after when it is not nil, and whether there are more, in an order final
 // when a refund becomes visible, as payments.List's.
-func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID, after *uuid.UUID, limit int) ([]Refund, bool, error) {
+func List(ctx context.Context, db database.DBTX, principal, paymentID uuid.UUID, after *uuid.UUID, limit int) ([]Refund, bool, error) {
 	rows, err := db.Query(ctx, `
 		SELECT `+columns+` FROM refunds
-		WHERE payment_id = $1
+		WHERE principal_id = $1 AND payment_id = $2
 		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
-		  AND ($2::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM refunds c WHERE c.id = $2 AND c.payment_id = $1))
-		ORDER BY xid, id LIMIT $3`,
-		paymentID, after, limit+1)
+		  AND ($3::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM refunds c WHERE c.principal_id = $1 AND c.id = $3 AND c.payment_id = $2))
+		ORDER BY xid, id LIMIT $4`,
+		principal, paymentID, after, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list refunds: %w", err)
 	}
@@ -265,7 +269,7 @@ func List(ctx context.Context, db database.DBTX, paymentID uuid.UUID, after *uui
 		return nil, false, fmt.Errorf("list refunds: %w", err)
 	}
 	if len(list) == 0 && after != nil {
-		r, err := Get(ctx, db, *after)
+		r, err := Get(ctx, db, principal, *after)
 		if errors.Is(err, ErrNotFound) || err == nil && r.PaymentID != paymentID {
 			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
 		}

@@ -40,7 +40,7 @@ type Worker struct {
 // Work runs one attempt.
 func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Refund]{
-		Load:    func(b *pgx.Batch, r *Refund) { QueueGet(b, job.Args.RefundID, r) },
+		Load:    func(b *pgx.Batch, r *Refund) { QueueGet(b, job.Args.Principal, job.Args.RefundID, r) },
 		Pending: func(r Refund) bool { return r.Status == StatusPending },
 		Call: func(ctx context.Context, r Refund, last bool) (func(*pgx.Batch) error, error) {
 			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ID.String(), ChargeKey: r.PaymentID.String(), Amount: r.Amount, Currency: r.Currency})
@@ -50,7 +50,9 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 			if status == "" {
 				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
 			}
-			return func(b *pgx.Batch) error { return QueueSettle(ctx, b, w.Events, r, status, reason, res.ID) }, nil
+			return func(b *pgx.Batch) error {
+				return QueueSettle(ctx, b, w.Events, job.Args.Principal, r, status, reason, res.ID)
+			}, nil
 		},
 	})
 }

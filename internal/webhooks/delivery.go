@@ -53,7 +53,7 @@ type Fanout struct {
 }
 
 // Queue implements events.Fanout.
-func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, eventID uuid.UUID) error {
+func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid.UUID) error {
 	meta, err := outbox.Metadata(ctx)
 	if err != nil {
 		return fmt.Errorf("encode delivery job metadata: %w", err)
@@ -62,9 +62,9 @@ func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, eventID uuid.UUID) erro
 	b.Queue(`
 		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
 		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id),
-		       '`+deliveryKind+`', $2, $3, 'default', 'available'
+		       '`+deliveryKind+`', $3, $4, 'default', 'available'
 		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id AND w.status = 'enabled'
-		WHERE e.id = $1`, eventID, len(f.Schedule), meta)
+		WHERE e.principal_id = $1 AND w.principal_id = $1 AND e.id = $2`, principal, eventID, len(f.Schedule), meta)
 	return nil
 }
 
@@ -114,8 +114,8 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	var ep Endpoint
 	var found bool
 	err := database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
-		events.QueueGet(b, a.EventID, &ev)
-		queueGetForDelivery(b, a.EndpointID, &ep, &found)
+		events.QueueGet(b, a.Principal, a.EventID, &ev)
+		queueGetForDelivery(b, a.Principal, a.EndpointID, &ep, &found)
 		return nil
 	})
 	if errors.Is(err, events.ErrNotFound) {
@@ -183,7 +183,7 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	err = database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
 		queueRecord(b, a.Principal, rec)
 		if outcome == OutcomeGone {
-			b.Queue(disableSQL, ep.ID)
+			b.Queue(disableSQL, a.Principal, ep.ID)
 		}
 		if outcome != OutcomeFailed {
 			outbox.QueueComplete(b, job.JobRow)

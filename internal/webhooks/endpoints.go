@@ -136,7 +136,7 @@ func Create(ctx context.Context, tx pgx.Tx, k Keyring, principal uuid.UUID, n Ne
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO webhook_endpoints (id, principal_id, url, description, status, created_at)
 		SELECT $1, $2, $3, $4, $5, $6
-		WHERE (SELECT count(*) FROM webhook_endpoints WHERE status <> 'deleted') < $7`,
+		WHERE (SELECT count(*) FROM webhook_endpoints WHERE principal_id = $2 AND status <> 'deleted') < $7`,
 		e.ID, principal, e.URL, e.Description, e.Status, e.CreatedAt, MaxEndpoints)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("create webhook endpoint: %w", err)
@@ -147,18 +147,21 @@ func Create(ctx context.Context, tx pgx.Tx, k Keyring, principal uuid.UUID, n Ne
 	return e.WithSecret(k, e.secretVersion), nil
 }
 
-// Get returns the endpoint with id, deleted or not, without its secret.
-func Get(ctx context.Context, db database.DBTX, id uuid.UUID) (Endpoint, error) {
-	return scan(db.QueryRow(ctx, `SELECT `+columns+` FROM webhook_endpoints WHERE id = $1`, id))
+const getSQL = `SELECT ` + columns + ` FROM webhook_endpoints WHERE principal_id = $1 AND id = $2`
+
+// Get returns principal's endpoint with id, deleted or not, without its
+// secret.
+func Get(ctx context.Context, db database.DBTX, principal, id uuid.UUID) (Endpoint, error) {
+	return scan(db.QueryRow(ctx, getSQL, principal, id))
 }
 
-// List returns the principal's endpoints that are not deleted (at most
+// List returns principal's endpoints that are not deleted (at most
 // MaxEndpoints), oldest first.
-func List(ctx context.Context, db database.DBTX) ([]Endpoint, error) {
+func List(ctx context.Context, db database.DBTX, principal uuid.UUID) ([]Endpoint, error) {
 	rows, err := db.Query(ctx, `
 		SELECT `+columns+` FROM webhook_endpoints
-		WHERE principal_id = NULLIF(current_setting('app.principal_id', true), '')::uuid AND status <> 'deleted'
-		ORDER BY created_at, id`)
+		WHERE principal_id = $1 AND status <> 'deleted'
+		ORDER BY created_at, id`, principal)
 	if err != nil {
 		return nil, fmt.Errorf("list webhook endpoints: %w", err)
 	}
@@ -168,22 +171,22 @@ func List(ctx context.Context, db database.DBTX) ([]Endpoint, error) {
 // Delete marks the endpoint deleted: it gets no more deliveries, and its
 // queued ones end unsent. Its delivery attempts stay listable until their
 // events are swept. It returns ErrNotFound for an endpoint already deleted.
-func Delete(ctx context.Context, tx pgx.Tx, id uuid.UUID) (Endpoint, error) {
+func Delete(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID) (Endpoint, error) {
 	return scan(tx.QueryRow(ctx, `
 		UPDATE webhook_endpoints SET status = 'deleted'
-		WHERE id = $1 AND status <> 'deleted'
-		RETURNING `+columns, id))
+		WHERE principal_id = $1 AND id = $2 AND status <> 'deleted'
+		RETURNING `+columns, principal, id))
 }
 
 // RotateSecret gives the endpoint a new secret and returns the endpoint
 // showing it. The previous secret keeps signing deliveries, beside the new
 // one, for RotationOverlap; the one before that stops at once.
-func RotateSecret(ctx context.Context, tx pgx.Tx, k Keyring, id uuid.UUID) (Endpoint, error) {
+func RotateSecret(ctx context.Context, tx pgx.Tx, k Keyring, principal, id uuid.UUID) (Endpoint, error) {
 	e, err := scan(tx.QueryRow(ctx, `
 		UPDATE webhook_endpoints
-		SET secret_version = secret_version + 1, previous_secret_expires_at = now() + $2::interval
-		WHERE id = $1 AND status <> 'deleted'
-		RETURNING `+columns, id, RotationOverlap))
+		SET secret_version = secret_version + 1, previous_secret_expires_at = now() + $3::interval
+		WHERE principal_id = $1 AND id = $2 AND status <> 'deleted'
+		RETURNING `+columns, principal, id, RotationOverlap))
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -191,12 +194,12 @@ func RotateSecret(ctx context.Context, tx pgx.Tx, k Keyring, id uuid.UUID) (Endp
 }
 
 // disableSQL stops deliveries to an endpoint whose receiver answered 410.
-const disableSQL = `UPDATE webhook_endpoints SET status = 'disabled' WHERE id = $1 AND status = 'enabled'`
+const disableSQL = `UPDATE webhook_endpoints SET status = 'disabled' WHERE principal_id = $1 AND id = $2 AND status = 'enabled'`
 
 // queueGetForDelivery reads endpoint id for a delivery into *e; *found says
 // whether it exists.
-func queueGetForDelivery(b *pgx.Batch, id uuid.UUID, e *Endpoint, found *bool) {
-	b.Queue(`SELECT `+columns+` FROM webhook_endpoints WHERE id = $1`, id).QueryRow(func(row pgx.Row) error {
+func queueGetForDelivery(b *pgx.Batch, principal, id uuid.UUID, e *Endpoint, found *bool) {
+	b.Queue(getSQL, principal, id).QueryRow(func(row pgx.Row) error {
 		var err error
 		*e, err = scan(row)
 		*found = err == nil
@@ -233,22 +236,22 @@ func queueRecord(b *pgx.Batch, principal uuid.UUID, d Delivery) {
 // DeliveriesLimit is the most attempts one list response holds.
 const DeliveriesLimit = 100
 
-// ListDeliveries returns up to limit attempts to deliver to endpoint
-// endpointID, after the attempt with id after when it is not nil, and
+// ListDeliveries returns up to limit attempts to deliver to principal's
+// endpoint endpointID, after the attempt with id after when it is not nil, and
 // whether there are more, in the order they were recorded (final when an
 // attempt becomes visible, as payments.List's). ErrNotFound when there is
 // no such endpoint.
-func ListDeliveries(ctx context.Context, db database.DBTX, endpointID uuid.UUID, after *uuid.UUID, limit int) ([]Delivery, bool, error) {
-	if _, err := Get(ctx, db, endpointID); err != nil {
+func ListDeliveries(ctx context.Context, db database.DBTX, principal, endpointID uuid.UUID, after *uuid.UUID, limit int) ([]Delivery, bool, error) {
+	if _, err := Get(ctx, db, principal, endpointID); err != nil {
 		return nil, false, err
 	}
 	rows, err := db.Query(ctx, `
 		SELECT id, endpoint_id, event_id, attempt, status_code, error, duration_ms, created_at
 		FROM webhook_deliveries
-		WHERE endpoint_id = $1
+		WHERE principal_id = $1 AND endpoint_id = $2
 		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
-		  AND ($2::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM webhook_deliveries c WHERE c.id = $2 AND c.endpoint_id = $1))
-		ORDER BY xid, id LIMIT $3`, endpointID, after, limit+1)
+		  AND ($3::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM webhook_deliveries c WHERE c.principal_id = $1 AND c.id = $3 AND c.endpoint_id = $2))
+		ORDER BY xid, id LIMIT $4`, principal, endpointID, after, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list webhook deliveries: %w", err)
 	}
@@ -262,7 +265,7 @@ func ListDeliveries(ctx context.Context, db database.DBTX, endpointID uuid.UUID,
 	}
 	if len(list) == 0 && after != nil {
 		var exists bool
-		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM webhook_deliveries WHERE id = $1 AND endpoint_id = $2)`, *after, endpointID).Scan(&exists); err != nil {
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM webhook_deliveries WHERE principal_id = $1 AND id = $2 AND endpoint_id = $3)`, principal, *after, endpointID).Scan(&exists); err != nil {
 			return nil, false, fmt.Errorf("list webhook deliveries: %w", err)
 		}
 		if !exists {
