@@ -22,6 +22,8 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION set_tenant(uuid);
+
 REVOKE SELECT (principal_id) ON events FROM payments_maintenance;
 REVOKE SELECT (id) ON principals FROM payments_maintenance;
 

@@ -59,8 +59,25 @@ GRANT SELECT (principal_id) ON events TO payments_maintenance;
 -- The tenant as SET LOCAL rather than set_config(..., true): the same
 -- transaction-local setting, but a distributed PostgreSQL sends a SET LOCAL
 -- on to the nodes the transaction touches (Citus, with
--- citus.propagate_set_commands = 'local'), where row-level security reads
--- it; a set_config call stays on the node that ran it.
+-- citus.propagate_set_commands = 'local', inside a transaction block),
+-- where row-level security reads it; a set_config call stays on the node
+-- that ran it. SET takes no parameters; this function does, so a statement
+-- that sets the tenant is one prepared statement for every principal
+-- rather than one text per principal. It has no SET clause for
+-- app.principal_id, so the setting outlives the call, until the
+-- transaction ends. It grants nothing payments_app could not do with SET
+-- itself; row-level security is what the tenant feeds.
+CREATE FUNCTION set_tenant(principal uuid) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = public, pg_temp
+AS $$
+BEGIN
+    EXECUTE format('SET LOCAL app.principal_id = %L', principal);
+END
+$$;
+REVOKE ALL ON FUNCTION set_tenant(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION set_tenant(uuid) TO payments_app, payments_definer;
+
 CREATE OR REPLACE FUNCTION authenticate_request(secret_hash bytea, scope text)
     RETURNS TABLE (key_id uuid, principal_id uuid, scopes text[])
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -79,9 +96,8 @@ BEGIN
         RAISE EXCEPTION 'missing scope %', authenticate_request.scope USING ERRCODE = 'PA403';
     END IF;
     -- Transaction-local: it ends with the transaction, and the pooled
-    -- connection carries no tenant into the next one. The function has no
-    -- SET clause for it, so the setting outlives the call.
-    EXECUTE format('SET LOCAL app.principal_id = %L', k.principal_id);
+    -- connection carries no tenant into the next one.
+    PERFORM set_tenant(k.principal_id);
     RETURN QUERY SELECT k.id, k.principal_id, k.scopes;
 END
 $$;

@@ -101,6 +101,10 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*Pool, error) {
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > cfg.AcquireTimeout {
 		pc.ConnConfig.ConnectTimeout = cfg.AcquireTimeout
 	}
+	pc.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		encodeUUIDsAsBytes(c.TypeMap())
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)
@@ -177,7 +181,8 @@ func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOpt
 }
 
 // setTenant is the statement that makes principal the transaction's tenant
-// until it ends. SET takes no parameters, so the value is in the text: a
+// until it ends, for a simple-protocol BEGIN query (whose text pgx does not
+// cache). SET takes no parameters, so the value is in the text: a
 // uuid.UUID's String form is hex and dashes only, which cannot inject
 // anything. It is SET LOCAL rather than set_config(..., true) because Citus
 // sends SET LOCAL on to the workers a transaction touches (with
@@ -237,9 +242,11 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 // statement that sets principal as the tenant and COMMIT, in one round
 // trip: the tenant holds for the batch's statements and for nothing after
 // it, and the statements commit together or not at all. (BEGIN is sent,
-// rather than relying on the batch's implicit transaction, because SET
-// LOCAL outside a transaction block warns, in the server's log, on every
-// batch.) It suits work whose statements do not depend on each
+// rather than relying on the batch's implicit transaction, because Citus
+// passes a SET LOCAL on to its workers only inside a transaction block.
+// The tenant is set_tenant($1), migration 15: a SET LOCAL with the value
+// in its text would be a statement of its own for every principal in
+// pgx's statement cache.) It suits work whose statements do not depend on each
 // other's results, such as an outbox job's read, or the answer it records
 // with the job's completion. Whether a batch whose connection was lost had
 // committed is unknown: only a caller that can repeat it safely (a job,
@@ -247,7 +254,7 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func(b *pgx.Batch) error) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	b.Queue(setTenant(principal))
+	b.Queue("SELECT set_tenant($1)", principal)
 	if err := fn(b); err != nil {
 		return err
 	}
