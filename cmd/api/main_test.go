@@ -117,10 +117,10 @@ func TestInvalidConfigStopsTheProgram(t *testing.T) {
 // Prometheus users query, and stops cleanly when its context ends (SIGTERM).
 func TestServe(t *testing.T) {
 	t.Parallel()
-	// The service pool (4), the outbox's (2), the maintenance pool (2), the
+	// The service pool (4), the outbox's (2), the maintenance pool (3), the
 	// owner connection of migrations and `keys create`, and one admin
 	// connection.
-	db := testdb.New(t, 10)
+	db := testdb.New(t, 11)
 	addr, metricsAddr := freeAddr(t), freeAddr(t)
 	getenv := env(map[string]string{
 		"ADDR": addr, "METRICS_ADDR": metricsAddr, "DB_MAX_CONNS": "4", "OUTBOX_DB_MAX_CONNS": "2",
@@ -283,7 +283,7 @@ func (s *syncBuffer) String() string {
 // < request < write.
 func TestASlowBodyGets408(t *testing.T) {
 	t.Parallel()
-	db := testdb.New(t, 10)
+	db := testdb.New(t, 11) // a serving process, as TestServe's
 	addr := freeAddr(t)
 	getenv := env(map[string]string{
 		"ADDR": addr, "METRICS_ADDR": "off", "DB_MAX_CONNS": "4", "OUTBOX_DB_MAX_CONNS": "2", "BODY_TIMEOUT": "1s", "REQUEST_TIMEOUT": "3s", "LOCK_TIMEOUT": "1s",

@@ -27,7 +27,7 @@ func TestREADMEWalkThroughRuns(t *testing.T) {
 	require.NoError(t, err)
 	block := walkThrough(t, string(raw))
 
-	// The service pool (4), the outbox's (2), the maintenance pool (2), and
+	// The service pool (4), the outbox's (2), the maintenance pool (3), and
 	// the owner connection of each `keys` command.
 	db := testdb.New(t, 10)
 	addr := freeAddr(t)

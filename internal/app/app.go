@@ -110,7 +110,10 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 			log.Warn("the service role cannot reach the database yet; requests get 503 until it can", "error", err)
 		}
 	}()
-	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
+	// Three connections: the key sweeper and the events sweeper each hold
+	// one for a whole sweep (they walk the principals, one at a time), and
+	// the gauges must not wait behind them.
+	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 3, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {
 		return err
 	}
