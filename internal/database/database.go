@@ -264,19 +264,10 @@ func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func
 		return err
 	}
 	defer conn.Release()
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		// A statement failed, and the server skipped the rest, COMMIT
-		// included: the transaction is open and failed. End it, so the
-		// connection goes back to the pool idle (or, if that fails, is
-		// not reused: pgxpool closes a connection left in a transaction).
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if conn.Conn().PgConn().TxStatus() != 'I' {
-			_, _ = conn.Exec(rctx, "ROLLBACK")
-		}
-		return Classify(err)
-	}
-	return nil
+	// When a statement fails, the server skips the rest, COMMIT included,
+	// and the failed transaction stays open: pgxpool closes a connection
+	// released in a transaction, so none goes back to the pool in one.
+	return Classify(conn.SendBatch(ctx, b).Close())
 }
 
 // classifyCommit tells a COMMIT that certainly did not happen from one whose

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -163,10 +162,8 @@ func TestEveryStatementRoutesToOnePartition(t *testing.T) {
 		require.Equal(t, status, r.Status, "%s", r.Body)
 		return decode(t, r.Body)
 	}
-	var gone sync.Once
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/gone" {
-			gone.Do(func() {})
 			w.WriteHeader(http.StatusGone)
 		}
 	}))
@@ -251,20 +248,19 @@ func TestEveryStatementRoutesToOnePartition(t *testing.T) {
 	_, err = admin.Exec(ctx, `SET plan_cache_mode = force_custom_plan`)
 	require.NoError(t, err)
 	checked := 0
-	exempt := map[string]bool{}
 	for _, s := range rec.statements() {
 		if !mentionsTenantTable.MatchString(s.sql) || strings.HasPrefix(strings.TrimSpace(s.sql), "BEGIN") {
 			continue
 		}
 		if i := slices.IndexFunc(crossTenant, func(c struct{ marker, why string }) bool { return strings.Contains(s.sql, c.marker) }); i >= 0 {
-			exempt[crossTenant[i].marker] = true
+			t.Logf("cross-tenant by design, not checked: %s", crossTenant[i].why)
 			continue
 		}
 		if requireOnePartition(t, ctx, admin, s) {
 			checked++
 		}
 	}
-	t.Logf("%d statements on tenant tables, each confined to one partition; cross-tenant by design: %d", checked, len(exempt))
+	t.Logf("%d statements on tenant tables, each confined to one partition", checked)
 	// A floor (the scenario runs 34 today), so that a scenario that stopped
 	// exercising the service, or a tracer that stopped hearing it, cannot
 	// pass by checking nothing.
@@ -350,6 +346,6 @@ func requireInsertNamesPrincipal(t *testing.T, ctx context.Context, admin *pgx.C
 	}
 	require.Greater(t, len(output), position, "insert into %s: no output column %d:\n%s", table, position, sql)
 	value, _ := output[position].(string)
-	require.Regexp(t, uuidConstant, value, "insert into %s: principal_id is %s, not a value (column %s):\n%s",
-		table, value, strconv.Itoa(position+1), sql)
+	require.Regexp(t, uuidConstant, value, "insert into %s: principal_id is %s, not a value (column %d):\n%s",
+		table, value, position+1, sql)
 }
