@@ -123,11 +123,17 @@ func (c *client) send(ctx context.Context, in intent) reply {
 // every attempt and reply (clients finish their intents before the next
 // phase begins).
 type phaseStats struct {
-	Name     string         `json:"name"`
-	Faults   int            `json:"faults_injected"`
-	Intents  int            `json:"intents"`
-	Attempts int            `json:"attempts"`
-	Replies  map[string]int `json:"replies"`
+	Name   string `json:"name"`
+	Faults int    `json:"faults_injected"`
+	// CommitsGivenUp are COMMITs without a fault whose request's time ran
+	// out (or whose connection was cut) before the server's reply came
+	// (faultproxy.Proxy.CommitsGivenUp): on a busy machine a request that
+	// waited for a connection can reach its COMMIT with little time left.
+	// Those are answered outcome-unknown too, and rightly.
+	CommitsGivenUp int            `json:"commits_given_up"`
+	Intents        int            `json:"intents"`
+	Attempts       int            `json:"attempts"`
+	Replies        map[string]int `json:"replies"`
 	// LongestIntent is the longest time from an intent's first attempt to
 	// its final answer, for intents begun in this phase.
 	LongestIntent time.Duration `json:"longest_intent_ns"`

@@ -43,10 +43,14 @@ func TestFaults(t *testing.T) {
 		require.Positive(t, p.Faults, "phase %q injected nothing", p.Name)
 	}
 	// A fault at a request's COMMIT is answered outcome-unknown; faults at
-	// the outbox workers' COMMITs are not seen by clients at all.
+	// the outbox workers' COMMITs are not seen by clients at all. So is a
+	// COMMIT that met no fault but whose request ran out of time before the
+	// reply (on a busy machine a request can reach its COMMIT late): those
+	// the proxy counts too, and nothing else may be called unknown.
 	for _, p := range res.Phases[1:5] {
 		require.Positive(t, p.Replies["503 outcome-unknown"], "phase %q: %v", p.Name, p.Replies)
-		require.LessOrEqual(t, p.Replies["503 outcome-unknown"], p.Faults, "phase %q: %v", p.Name, p.Replies)
+		require.LessOrEqual(t, p.Replies["503 outcome-unknown"], p.Faults+p.CommitsGivenUp,
+			"phase %q: %v (%d COMMITs given up without a fault)", p.Name, p.Replies, p.CommitsGivenUp)
 	}
 	require.Positive(t, res.UnknownCommitted+res.UnknownNotCommitted, "no unknown outcome was resolved by the same key")
 	require.Positive(t, res.Phases[4].Replies["409 idempotency-request-in-progress"], "no key was held by a vanished holder")

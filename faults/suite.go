@@ -191,6 +191,10 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	for i, p := range phases {
 		fmt.Fprintf(progress, "phase %d/%d: %s (%s)\n", i+1, len(phases), p.name, cfg.phase)
 		l.setPhase(i)
+		givenUp := 0
+		if proxy != nil {
+			givenUp = proxy.CommitsGivenUp()
+		}
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		for w := range cfg.workers {
@@ -248,6 +252,11 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		// was killed runs again after OUTBOX_RESCUE_AFTER.
 		if err := waitSettled(ctx, admin, 30*time.Second); err != nil {
 			return nil, err
+		}
+		if proxy != nil {
+			// Read late: the service closes a connection whose COMMIT it gave
+			// up on just after it answered, and settling takes longer.
+			l.phases[i].CommitsGivenUp = proxy.CommitsGivenUp() - givenUp
 		}
 		held, err := idleInTransaction(ctx, admin, stuckAfter)
 		if err != nil {

@@ -3,8 +3,9 @@
 //
 // It reads the PostgreSQL wire protocol from the client only far enough to
 // see each message's type and length, so it can act at the one moment that
-// matters most to an idempotent API: when the client sends COMMIT. Everything
-// else is forwarded byte for byte. It supports plain connections only
+// matters most to an idempotent API: when the client sends COMMIT; and from
+// the server only until the session is ready, to learn which server process
+// a cancel request names. Everything else is forwarded byte for byte. It supports plain connections only
 // (sslmode=disable), which is what the tests use.
 package faultproxy
 
@@ -71,6 +72,7 @@ type Proxy struct {
 	conns    map[*link]struct{}
 	held     int // server sides kept open by HalfOpen
 	refused  int // connections closed at once by Refuse
+	gaveUp   int // forwarded COMMITs whose connection ended before any reply
 	closed   bool
 	wg       sync.WaitGroup
 }
@@ -144,6 +146,17 @@ func (p *Proxy) Refused() int {
 	return p.refused
 }
 
+// CommitsGivenUp is how many COMMITs the proxy forwarded untouched whose
+// client stopped waiting before the server's reply reached the proxy: it
+// sent a cancel request for the session (pgx does, when a query's context
+// ends) or the connection ended (or was cut by CutAll) first. The client
+// cannot know those outcomes either, without any fault at the COMMIT.
+func (p *Proxy) CommitsGivenUp() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.gaveUp
+}
+
 // Close stops accepting, closes every connection, held ones included, and
 // waits for the proxy's goroutines.
 func (p *Proxy) Close() error {
@@ -197,7 +210,12 @@ type link struct {
 	// Guarded by the proxy's mutex.
 	swallow  bool // discard what the server sends
 	halfOpen bool // forward nothing either way; hold the server side
-	once     sync.Once
+	// awaiting: a COMMIT was forwarded untouched and no reply has come yet.
+	awaiting bool
+	// backendPID is the server process of the session (BackendKeyData),
+	// which a cancel request names.
+	backendPID uint32
+	once       sync.Once
 }
 
 func (l *link) closeBoth() {
@@ -211,6 +229,7 @@ func (l *link) closeBoth() {
 const (
 	sslRequest    = 80877103
 	gssEncRequest = 80877104
+	cancelRequest = 80877102
 )
 
 func (p *Proxy) clientToServer(l *link) {
@@ -228,6 +247,9 @@ func (p *Proxy) clientToServer(l *link) {
 			return
 		}
 		code := binary.BigEndian.Uint32(msg[4:8])
+		if code == cancelRequest && len(msg) >= 12 {
+			p.cancelled(binary.BigEndian.Uint32(msg[8:12]))
+		}
 		if code != sslRequest && code != gssEncRequest {
 			break
 		}
@@ -238,7 +260,8 @@ func (p *Proxy) clientToServer(l *link) {
 			return
 		}
 		action := Forward
-		if isCommit(msg) {
+		commit := isCommit(msg)
+		if commit {
 			p.mu.Lock()
 			if p.onCommit != nil {
 				action = p.onCommit()
@@ -258,13 +281,20 @@ func (p *Proxy) clientToServer(l *link) {
 			_, _ = io.Copy(io.Discard, l.client)
 			return
 		}
-		if action == CutAfter || action == SwallowReply {
+		switch action {
+		case CutAfter, SwallowReply:
 			// Silence the reply before the COMMIT leaves: a COMMIT with
 			// nothing to flush is answered in microseconds, and a reply that
 			// slipped through would make the fault no fault.
 			p.mu.Lock()
 			l.swallow = true
 			p.mu.Unlock()
+		case Forward:
+			if commit {
+				p.mu.Lock()
+				l.awaiting = true
+				p.mu.Unlock()
+			}
 		}
 		if _, err := l.server.Write(msg); err != nil {
 			return
@@ -281,15 +311,61 @@ func (p *Proxy) clientToServer(l *link) {
 	}
 }
 
+// cancelled notes a cancel request for the session of server process pid:
+// a COMMIT it is still waiting for is one its client gave up on.
+func (p *Proxy) cancelled(pid uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.conns {
+		if l.backendPID == pid && l.awaiting {
+			l.awaiting = false
+			p.gaveUp++
+		}
+	}
+}
+
 func (p *Proxy) serverToClient(l *link) {
 	defer p.wg.Done()
 	defer p.drop(l, true)
+	// The startup, read whole messages until the session is ready, to learn
+	// its server process (BackendKeyData). The first message is an
+	// authentication request, an error or a protocol negotiation; a single
+	// byte before it answers an SSL or GSS request.
+	for started := false; ; {
+		kind := make([]byte, 1)
+		if _, err := io.ReadFull(l.server, kind); err != nil {
+			return
+		}
+		if !started && (kind[0] == 'N' || kind[0] == 'S' || kind[0] == 'G') {
+			if _, err := l.client.Write(kind); err != nil {
+				return
+			}
+			continue
+		}
+		started = true
+		msg, err := readTypedRest(l.server, kind[0])
+		if err != nil {
+			return
+		}
+		if msg[0] == 'K' && len(msg) >= 9 {
+			p.mu.Lock()
+			l.backendPID = binary.BigEndian.Uint32(msg[5:9])
+			p.mu.Unlock()
+		}
+		if _, err := l.client.Write(msg); err != nil {
+			return
+		}
+		if msg[0] == 'Z' {
+			break
+		}
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := l.server.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
 			silent := l.swallow || l.halfOpen
+			l.awaiting = false // the reply has come
 			p.mu.Unlock()
 			if !silent {
 				if _, werr := l.client.Write(buf[:n]); werr != nil {
@@ -315,6 +391,10 @@ func (p *Proxy) drop(l *link, serverEnded bool) {
 	if l.halfOpen {
 		l.halfOpen = false
 		p.held--
+	}
+	if l.awaiting {
+		l.awaiting = false
+		p.gaveUp++
 	}
 	l.closeBoth()
 	delete(p.conns, l)
@@ -342,8 +422,17 @@ func readUntyped(r io.Reader) ([]byte, error) {
 }
 
 func readTyped(r io.Reader) ([]byte, error) {
-	head := make([]byte, 5)
-	if _, err := io.ReadFull(r, head); err != nil {
+	kind := make([]byte, 1)
+	if _, err := io.ReadFull(r, kind); err != nil {
+		return nil, err
+	}
+	return readTypedRest(r, kind[0])
+}
+
+// readTypedRest reads the rest of a typed message whose type byte was kind.
+func readTypedRest(r io.Reader, kind byte) ([]byte, error) {
+	head := []byte{kind, 0, 0, 0, 0}
+	if _, err := io.ReadFull(r, head[1:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(head[1:])
