@@ -20,28 +20,28 @@ import (
 
 // Defines values for EventType.
 const (
-	PaymentFailed                 EventType = "payment.failed"
-	PaymentRequiresReconciliation EventType = "payment.requires_reconciliation"
-	PaymentSucceeded              EventType = "payment.succeeded"
-	RefundFailed                  EventType = "refund.failed"
-	RefundRequiresReconciliation  EventType = "refund.requires_reconciliation"
-	RefundSucceeded               EventType = "refund.succeeded"
+	EventTypePaymentFailed                 EventType = "payment.failed"
+	EventTypePaymentRequiresReconciliation EventType = "payment.requires_reconciliation"
+	EventTypePaymentSucceeded              EventType = "payment.succeeded"
+	EventTypeRefundFailed                  EventType = "refund.failed"
+	EventTypeRefundRequiresReconciliation  EventType = "refund.requires_reconciliation"
+	EventTypeRefundSucceeded               EventType = "refund.succeeded"
 )
 
 // Valid indicates whether the value is a known member of the EventType enum.
 func (e EventType) Valid() bool {
 	switch e {
-	case PaymentFailed:
+	case EventTypePaymentFailed:
 		return true
-	case PaymentRequiresReconciliation:
+	case EventTypePaymentRequiresReconciliation:
 		return true
-	case PaymentSucceeded:
+	case EventTypePaymentSucceeded:
 		return true
-	case RefundFailed:
+	case EventTypeRefundFailed:
 		return true
-	case RefundRequiresReconciliation:
+	case EventTypeRefundRequiresReconciliation:
 		return true
-	case RefundSucceeded:
+	case EventTypeRefundSucceeded:
 		return true
 	default:
 		return false
@@ -95,73 +95,73 @@ func (e PaymentStatus) Valid() bool {
 
 // Defines values for ProblemType.
 const (
-	HttpspaymentsReferenceDevproblemsforbidden                    ProblemType = "https://payments-reference.dev/problems/forbidden"
-	HttpspaymentsReferenceDevproblemsidempotencyKeyInvalid        ProblemType = "https://payments-reference.dev/problems/idempotency-key-invalid"
-	HttpspaymentsReferenceDevproblemsidempotencyKeyMissing        ProblemType = "https://payments-reference.dev/problems/idempotency-key-missing"
-	HttpspaymentsReferenceDevproblemsidempotencyKeyQuotaExceeded  ProblemType = "https://payments-reference.dev/problems/idempotency-key-quota-exceeded"
-	HttpspaymentsReferenceDevproblemsidempotencyKeyReused         ProblemType = "https://payments-reference.dev/problems/idempotency-key-reused"
-	HttpspaymentsReferenceDevproblemsidempotencyRequestInProgress ProblemType = "https://payments-reference.dev/problems/idempotency-request-in-progress"
-	HttpspaymentsReferenceDevproblemsinternalError                ProblemType = "https://payments-reference.dev/problems/internal-error"
-	HttpspaymentsReferenceDevproblemsinvalidJson                  ProblemType = "https://payments-reference.dev/problems/invalid-json"
-	HttpspaymentsReferenceDevproblemsmethodNotAllowed             ProblemType = "https://payments-reference.dev/problems/method-not-allowed"
-	HttpspaymentsReferenceDevproblemsnotFound                     ProblemType = "https://payments-reference.dev/problems/not-found"
-	HttpspaymentsReferenceDevproblemsoutcomeUnknown               ProblemType = "https://payments-reference.dev/problems/outcome-unknown"
-	HttpspaymentsReferenceDevproblemspayloadTooLarge              ProblemType = "https://payments-reference.dev/problems/payload-too-large"
-	HttpspaymentsReferenceDevproblemspaymentNotRefundable         ProblemType = "https://payments-reference.dev/problems/payment-not-refundable"
-	HttpspaymentsReferenceDevproblemspaymentProcessing            ProblemType = "https://payments-reference.dev/problems/payment-processing"
-	HttpspaymentsReferenceDevproblemsrefundExceedsPayment         ProblemType = "https://payments-reference.dev/problems/refund-exceeds-payment"
-	HttpspaymentsReferenceDevproblemsrequestTimeout               ProblemType = "https://payments-reference.dev/problems/request-timeout"
-	HttpspaymentsReferenceDevproblemsserviceUnavailable           ProblemType = "https://payments-reference.dev/problems/service-unavailable"
-	HttpspaymentsReferenceDevproblemstooManyWebhookEndpoints      ProblemType = "https://payments-reference.dev/problems/too-many-webhook-endpoints"
-	HttpspaymentsReferenceDevproblemsunauthenticated              ProblemType = "https://payments-reference.dev/problems/unauthenticated"
-	HttpspaymentsReferenceDevproblemsunsupportedMediaType         ProblemType = "https://payments-reference.dev/problems/unsupported-media-type"
-	HttpspaymentsReferenceDevproblemsvalidationFailed             ProblemType = "https://payments-reference.dev/problems/validation-failed"
+	ProblemTypeHttpspaymentsReferenceDevproblemsforbidden                    ProblemType = "https://payments-reference.dev/problems/forbidden"
+	ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyInvalid        ProblemType = "https://payments-reference.dev/problems/idempotency-key-invalid"
+	ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyMissing        ProblemType = "https://payments-reference.dev/problems/idempotency-key-missing"
+	ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyQuotaExceeded  ProblemType = "https://payments-reference.dev/problems/idempotency-key-quota-exceeded"
+	ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyReused         ProblemType = "https://payments-reference.dev/problems/idempotency-key-reused"
+	ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyRequestInProgress ProblemType = "https://payments-reference.dev/problems/idempotency-request-in-progress"
+	ProblemTypeHttpspaymentsReferenceDevproblemsinternalError                ProblemType = "https://payments-reference.dev/problems/internal-error"
+	ProblemTypeHttpspaymentsReferenceDevproblemsinvalidJson                  ProblemType = "https://payments-reference.dev/problems/invalid-json"
+	ProblemTypeHttpspaymentsReferenceDevproblemsmethodNotAllowed             ProblemType = "https://payments-reference.dev/problems/method-not-allowed"
+	ProblemTypeHttpspaymentsReferenceDevproblemsnotFound                     ProblemType = "https://payments-reference.dev/problems/not-found"
+	ProblemTypeHttpspaymentsReferenceDevproblemsoutcomeUnknown               ProblemType = "https://payments-reference.dev/problems/outcome-unknown"
+	ProblemTypeHttpspaymentsReferenceDevproblemspayloadTooLarge              ProblemType = "https://payments-reference.dev/problems/payload-too-large"
+	ProblemTypeHttpspaymentsReferenceDevproblemspaymentNotRefundable         ProblemType = "https://payments-reference.dev/problems/payment-not-refundable"
+	ProblemTypeHttpspaymentsReferenceDevproblemspaymentProcessing            ProblemType = "https://payments-reference.dev/problems/payment-processing"
+	ProblemTypeHttpspaymentsReferenceDevproblemsrefundExceedsPayment         ProblemType = "https://payments-reference.dev/problems/refund-exceeds-payment"
+	ProblemTypeHttpspaymentsReferenceDevproblemsrequestTimeout               ProblemType = "https://payments-reference.dev/problems/request-timeout"
+	ProblemTypeHttpspaymentsReferenceDevproblemsserviceUnavailable           ProblemType = "https://payments-reference.dev/problems/service-unavailable"
+	ProblemTypeHttpspaymentsReferenceDevproblemstooManyWebhookEndpoints      ProblemType = "https://payments-reference.dev/problems/too-many-webhook-endpoints"
+	ProblemTypeHttpspaymentsReferenceDevproblemsunauthenticated              ProblemType = "https://payments-reference.dev/problems/unauthenticated"
+	ProblemTypeHttpspaymentsReferenceDevproblemsunsupportedMediaType         ProblemType = "https://payments-reference.dev/problems/unsupported-media-type"
+	ProblemTypeHttpspaymentsReferenceDevproblemsvalidationFailed             ProblemType = "https://payments-reference.dev/problems/validation-failed"
 )
 
 // Valid indicates whether the value is a known member of the ProblemType enum.
 func (e ProblemType) Valid() bool {
 	switch e {
-	case HttpspaymentsReferenceDevproblemsforbidden:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsforbidden:
 		return true
-	case HttpspaymentsReferenceDevproblemsidempotencyKeyInvalid:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyInvalid:
 		return true
-	case HttpspaymentsReferenceDevproblemsidempotencyKeyMissing:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyMissing:
 		return true
-	case HttpspaymentsReferenceDevproblemsidempotencyKeyQuotaExceeded:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyQuotaExceeded:
 		return true
-	case HttpspaymentsReferenceDevproblemsidempotencyKeyReused:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyKeyReused:
 		return true
-	case HttpspaymentsReferenceDevproblemsidempotencyRequestInProgress:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsidempotencyRequestInProgress:
 		return true
-	case HttpspaymentsReferenceDevproblemsinternalError:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsinternalError:
 		return true
-	case HttpspaymentsReferenceDevproblemsinvalidJson:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsinvalidJson:
 		return true
-	case HttpspaymentsReferenceDevproblemsmethodNotAllowed:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsmethodNotAllowed:
 		return true
-	case HttpspaymentsReferenceDevproblemsnotFound:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsnotFound:
 		return true
-	case HttpspaymentsReferenceDevproblemsoutcomeUnknown:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsoutcomeUnknown:
 		return true
-	case HttpspaymentsReferenceDevproblemspayloadTooLarge:
+	case ProblemTypeHttpspaymentsReferenceDevproblemspayloadTooLarge:
 		return true
-	case HttpspaymentsReferenceDevproblemspaymentNotRefundable:
+	case ProblemTypeHttpspaymentsReferenceDevproblemspaymentNotRefundable:
 		return true
-	case HttpspaymentsReferenceDevproblemspaymentProcessing:
+	case ProblemTypeHttpspaymentsReferenceDevproblemspaymentProcessing:
 		return true
-	case HttpspaymentsReferenceDevproblemsrefundExceedsPayment:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsrefundExceedsPayment:
 		return true
-	case HttpspaymentsReferenceDevproblemsrequestTimeout:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsrequestTimeout:
 		return true
-	case HttpspaymentsReferenceDevproblemsserviceUnavailable:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsserviceUnavailable:
 		return true
-	case HttpspaymentsReferenceDevproblemstooManyWebhookEndpoints:
+	case ProblemTypeHttpspaymentsReferenceDevproblemstooManyWebhookEndpoints:
 		return true
-	case HttpspaymentsReferenceDevproblemsunauthenticated:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsunauthenticated:
 		return true
-	case HttpspaymentsReferenceDevproblemsunsupportedMediaType:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsunsupportedMediaType:
 		return true
-	case HttpspaymentsReferenceDevproblemsvalidationFailed:
+	case ProblemTypeHttpspaymentsReferenceDevproblemsvalidationFailed:
 		return true
 	default:
 		return false
@@ -215,19 +215,19 @@ func (e RefundStatus) Valid() bool {
 
 // Defines values for WebhookEndpointStatus.
 const (
-	Deleted  WebhookEndpointStatus = "deleted"
-	Disabled WebhookEndpointStatus = "disabled"
-	Enabled  WebhookEndpointStatus = "enabled"
+	WebhookEndpointStatusDeleted  WebhookEndpointStatus = "deleted"
+	WebhookEndpointStatusDisabled WebhookEndpointStatus = "disabled"
+	WebhookEndpointStatusEnabled  WebhookEndpointStatus = "enabled"
 )
 
 // Valid indicates whether the value is a known member of the WebhookEndpointStatus enum.
 func (e WebhookEndpointStatus) Valid() bool {
 	switch e {
-	case Deleted:
+	case WebhookEndpointStatusDeleted:
 		return true
-	case Disabled:
+	case WebhookEndpointStatusDisabled:
 		return true
-	case Enabled:
+	case WebhookEndpointStatusEnabled:
 		return true
 	default:
 		return false
