@@ -181,6 +181,8 @@ type ledger struct {
 	unresolved   int
 	serverErrors int // 500s
 	unknown      int // outcome-unknown answers
+	// unknownIntents met at least one of them.
+	unknownIntents int
 	// Intents that met an unknown outcome, by how the same key resolved it:
 	// a replay (the attempt had committed) or an execution (it had not).
 	UnknownCommitted, UnknownNotCommitted int
@@ -239,6 +241,7 @@ func (l *ledger) record(in *intent, r reply) {
 		l.unknown++
 		if !in.unknown {
 			in.unknown, in.unknownPhase = true, l.phase
+			l.unknownIntents++
 		}
 	}
 	if r.final() && in.unknown {

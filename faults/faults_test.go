@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestFaults(t *testing.T) {
 	}, &progress)
 	require.NoError(t, err, "progress:\n%s", progress.String())
 	var report bytes.Buffer
-	writeReport(&report, res)
+	writeReport(&report, res, false)
 	t.Log("\n" + report.String())
 
 	for _, c := range res.Invariants {
@@ -53,9 +54,44 @@ func TestFaults(t *testing.T) {
 			"phase %q: %v (%d COMMITs given up without a fault)", p.Name, p.Replies, p.CommitsGivenUp)
 	}
 	require.Positive(t, res.UnknownCommitted+res.UnknownNotCommitted, "no unknown outcome was resolved by the same key")
+	require.LessOrEqual(t, res.UnknownCommitted+res.UnknownNotCommitted, res.UnknownIntents)
+	require.LessOrEqual(t, res.UnknownIntents, res.Unknown)
 	require.Positive(t, res.Phases[4].Replies["409 idempotency-request-in-progress"], "no key was held by a vanished holder")
 	require.Positive(t, res.Payments)
 	require.Positive(t, res.Refunds)
+}
+
+// The report a user reads in a 120-column terminal fits it, and its
+// figures add up: answers, intents, and what became of each intent.
+func TestReportFitsAndAddsUp(t *testing.T) {
+	t.Parallel()
+	res := &Results{
+		Payments: 2843, Refunds: 858, Duration: 56 * time.Second,
+		Unknown: 520, UnknownIntents: 419, UnknownCommitted: 223, UnknownNotCommitted: 186,
+		Invariants: []check{{Name: "500 answers", Holds: true}},
+	}
+	for _, name := range []string{"no fault", "database refuses connections", "kill -9 of the primary's node"} {
+		res.Phases = append(res.Phases, &phaseStats{
+			Name: name, Faults: 1267, Intents: 10_095, Attempts: 14_440, UnknownThenReplayed: 140, UnknownThenExecuted: 60,
+			LongestIntent: 5540 * time.Millisecond, LongestWithoutSuccess: 9240 * time.Millisecond, NoPrimary: 9300 * time.Millisecond,
+			Replies: map[string]int{
+				"201": 10_031, "409 payment-processing": 3533, "no response": 48, "422 refund-exceeds-payment": 7,
+				"422 payment-not-refundable": 4, "201 replayed": 1, "503 outcome-unknown": 570, "503 service-unavailable": 1121,
+				"409 idempotency-request-in-progress": 4,
+			},
+		})
+	}
+	var narrow, wide bytes.Buffer
+	writeReport(&narrow, res, false)
+	writeReport(&wide, res, true)
+	t.Log("\n" + narrow.String())
+	for _, line := range strings.Split(narrow.String(), "\n") {
+		require.LessOrEqual(t, len(line), 120, "%q", line)
+	}
+	require.Contains(t, narrow.String(), "409 idempotency-request-in-progress: 4")
+	require.Contains(t, narrow.String(), "520 outcome-unknown answers to 419 intents")
+	require.Contains(t, narrow.String(), "\n223 had committed (replayed) and 186 had not (executed once); 10 got no final answer")
+	require.Regexp(t, `held +201: 10031, 409 payment-processing: 3533`, wide.String())
 }
 
 // A reply that says "no effect" must be exactly those the contract says

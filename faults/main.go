@@ -3,7 +3,7 @@
 // held through each: the service binary behind an in-process fault proxy,
 // clients that retry with the same key, and one fault at a time.
 //
-//	go run ./faults                       # about a minute, on the local PostgreSQL
+//	go run ./faults                       # about a minute on a quiet machine, on the local PostgreSQL
 //	go run ./faults -phase 30s -workers 32
 //	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 90 s
 //	go run ./faults -failover -standby async  # the same with an asynchronous standby: it loses payments
@@ -27,6 +27,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -44,6 +45,7 @@ func main() {
 	fs.DurationVar(&cfg.intentDeadline, "intent-deadline", 30*time.Second, "a client gives up on an intent after this")
 	fs.DurationVar(&cfg.idleInTx, "idle-in-tx", 2*time.Second, "the API's DB_IDLE_IN_TX_TIMEOUT: how long a vanished holder keeps a key")
 	fs.StringVar(&cfg.out, "out", "faults-out", "directory for api.log and results.json")
+	fs.BoolVar(&cfg.wide, "wide", false, "print the phases as one table with their replies, a phase a line (about 230 columns), instead of a table that fits 120")
 	failover := fs.Bool("failover", false, "instead of the proxy's faults, failovers of a pg_auto_failover formation this starts (scripts/failover-cluster); each phase lasts at least 15 s")
 	standby := fs.String("standby", "sync", "with -failover: sync (the formation's default, synchronous replication) or async (synchronous_commit = local: the lesson of docs/reliability.md)")
 	failoverPort := fs.Int("failover-port", 54330, "with -failover: the monitor's port; the nodes take the next two")
@@ -126,7 +128,7 @@ func runAndReport(ctx context.Context, cfg config, stdout, progress io.Writer) (
 	if err != nil {
 		return false, err
 	}
-	writeReport(stdout, res)
+	writeReport(stdout, res, cfg.wide)
 	raw, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return false, err
@@ -145,26 +147,49 @@ func dropDatabase(serverURL, name string, progress io.Writer) {
 	}
 }
 
-// writeReport prints the phases and the invariants as two tables.
-func writeReport(w io.Writer, res *Results) {
+// writeReport prints the phases and the invariants as two tables. The
+// phases' table fits 120 columns, with each phase's replies listed below
+// it; wide puts the replies in the table, a phase a line.
+func writeReport(w io.Writer, res *Results, wide bool) {
+	failover := slices.ContainsFunc(res.Phases, func(p *phaseStats) bool { return p.NoPrimary > 0 })
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "phase\tfaults\tintents\tattempts\tunknown: committed/not\tlongest intent\tlongest without a payment 201\tno primary\tinvariants\treplies")
+	header := "phase\tfaults\tintents\tattempts\tunknown c/n\tmax intent\tno 201 for"
+	if failover {
+		header += "\tno primary"
+	}
+	header += "\tinvariants"
+	if wide {
+		header += "\treplies"
+	}
+	fmt.Fprintln(tw, header)
 	for _, p := range res.Phases {
 		held := "held"
 		if len(p.Broken) > 0 {
 			held = fmt.Sprintf("%d broken", len(p.Broken))
 		}
-		noPrimary := "-"
-		if p.NoPrimary > 0 {
-			noPrimary = p.NoPrimary.Round(100 * time.Millisecond).String()
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/%d\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Faults, p.Intents, p.Attempts,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/%d\t%s\t%s", p.Name, p.Faults, p.Intents, p.Attempts,
 			p.UnknownThenReplayed, p.UnknownThenExecuted, p.LongestIntent.Round(time.Millisecond),
-			p.LongestWithoutSuccess.Round(10*time.Millisecond), noPrimary, held, replies(p.Replies))
+			p.LongestWithoutSuccess.Round(10*time.Millisecond))
+		if failover {
+			fmt.Fprintf(tw, "\t%s", p.NoPrimary.Round(100*time.Millisecond))
+		}
+		fmt.Fprintf(tw, "\t%s", held)
+		if wide {
+			fmt.Fprintf(tw, "\t%s", strings.Join(replies(p.Replies), ", "))
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\n%d payments, %d refunds in %s. %d outcome-unknown answers; retried with the same key, %d intents turned out to have committed (replayed) and %d not (executed once)\n\n",
-		res.Payments, res.Refunds, res.Duration.Round(time.Second), res.Unknown, res.UnknownCommitted, res.UnknownNotCommitted)
+	fmt.Fprintln(w, "\nunknown c/n: intents first answered outcome-unknown in the phase whose retry found them committed (a replay)")
+	fmt.Fprintln(w, "or not (executed once); max intent: the longest from an intent's first attempt to its final answer;")
+	fmt.Fprintln(w, "no 201 for: the longest stretch in which no client got a payment's 201.")
+	if !wide {
+		fmt.Fprintln(w, "\nreplies, by phase:")
+		for _, p := range res.Phases {
+			fmt.Fprint(w, wrap("  "+p.Name+": ", replies(p.Replies), 120))
+		}
+	}
+	fmt.Fprintf(w, "\n%d payments, %d refunds in %s.\n%s\n\n", res.Payments, res.Refunds, res.Duration.Round(time.Second), unknownSummary(res))
 	if res.LostCharged > 0 {
 		fmt.Fprintf(w, "%d of the acknowledged payments the database lost had been charged by the processor\n\n", res.LostCharged)
 	}
@@ -176,8 +201,44 @@ func writeReport(w io.Writer, res *Results) {
 	tw.Flush()
 }
 
+// unknownSummary says how the outcome-unknown answers were resolved, in
+// figures that add up: answers are more than intents because a retry can
+// meet a fault again, and an intent whose retries never got a final answer
+// is neither committed nor not.
+func unknownSummary(res *Results) string {
+	s := fmt.Sprintf("%d outcome-unknown answers to %d intents (a retry can meet a fault again); retried with the same key,\n%d had committed (replayed) and %d had not (executed once)",
+		res.Unknown, res.UnknownIntents, res.UnknownCommitted, res.UnknownNotCommitted)
+	if rest := res.UnknownIntents - res.UnknownCommitted - res.UnknownNotCommitted; rest > 0 {
+		s += fmt.Sprintf("; %d got no final answer within the intent deadline", rest)
+	}
+	return s
+}
+
+// wrap prints items after prefix, comma-separated, breaking lines before
+// width and indenting continuations under the first item.
+func wrap(prefix string, items []string, width int) string {
+	var b strings.Builder
+	line := prefix
+	indent := strings.Repeat(" ", len(prefix))
+	for i, it := range items {
+		if i < len(items)-1 {
+			it += ","
+		}
+		if line != prefix && line != indent && len(line)+1+len(it) > width {
+			b.WriteString(strings.TrimRight(line, " ") + "\n")
+			line = indent
+		}
+		if line != prefix && line != indent {
+			line += " "
+		}
+		line += it
+	}
+	b.WriteString(line + "\n")
+	return b.String()
+}
+
 // replies lists reply counts, most frequent first.
-func replies(m map[string]int) string {
+func replies(m map[string]int) []string {
 	type kv struct {
 		k string
 		n int
@@ -192,12 +253,9 @@ func replies(m map[string]int) string {
 		}
 		return cmp.Compare(a.k, b.k)
 	})
-	s := ""
+	out := make([]string, len(all))
 	for i, e := range all {
-		if i > 0 {
-			s += ", "
-		}
-		s += fmt.Sprintf("%s: %d", e.k, e.n)
+		out[i] = fmt.Sprintf("%s: %d", e.k, e.n)
 	}
-	return s
+	return out
 }

@@ -28,6 +28,7 @@ type config struct {
 	intentDeadline time.Duration // a client gives up on an intent after this
 	idleInTx       time.Duration // the API's DB_IDLE_IN_TX_TIMEOUT
 	out            string        // api.log goes here
+	wide           bool          // the report's phases as one wide table
 	// cluster, when set, is a pg_auto_failover formation that adminURL
 	// reaches through a multi-host URL: the API connects to it directly,
 	// and the phases are failovers (failoverPhases) instead of the proxy's
@@ -42,7 +43,9 @@ type Results struct {
 	Payments   int           `json:"payments"`
 	Refunds    int           `json:"refunds"`
 	Unknown    int           `json:"outcome_unknown_answers"`
-	// Intents that met an unknown outcome, by what it turned out to be.
+	// UnknownIntents met at least one unknown outcome; of those, by what
+	// the same key found on retry: committed (a replay) or not (executed).
+	UnknownIntents      int           `json:"outcome_unknown_intents"`
 	UnknownCommitted    int           `json:"unknown_then_replayed"`
 	UnknownNotCommitted int           `json:"unknown_then_executed"`
 	Duration            time.Duration `json:"duration_ns"`
@@ -287,7 +290,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	res.Phases, res.Unknown = l.phases, l.unknown
-	res.UnknownCommitted, res.UnknownNotCommitted = l.UnknownCommitted, l.UnknownNotCommitted
+	res.UnknownIntents, res.UnknownCommitted, res.UnknownNotCommitted = l.unknownIntents, l.UnknownCommitted, l.UnknownNotCommitted
 	res.Payments, res.Refunds = len(l.payments), len(l.refunds)
 	res.Duration = time.Since(began)
 	res.LostCharged = l.lostCharged

@@ -34,6 +34,7 @@ func TestScenarios(t *testing.T) {
 			t.Logf("naive: %s\nours:  %s", out.Naive, out.Ours)
 			require.True(t, out.NaiveBroke, "the naive build did not break: %s", out.Naive)
 			require.True(t, out.OursHeld, "ours did not hold: %s", out.Ours)
+			require.Regexp(t, `^naive: .+; ours: .+`, out.Shown, "the lesson column says what the row showed")
 		})
 	}
 }

@@ -73,6 +73,7 @@ func scopedByKeyAlone(ctx context.Context, l *Lab) (Outcome, error) {
 		Ours:       verdict(!leaked && !rb.Replayed, "B's payment executed for B; A's stays A's", "B received A's payment"),
 		NaiveBroke: toB == aPayment,
 		OursHeld:   !leaked && !rb.Replayed,
+		Shown:      "naive: " + verdict(toB == aPayment, "B got A's payment", "B got its own") + "; ours: " + verdict(leaked, "B got A's payment", "B got its own"),
 	}, nil
 }
 
@@ -140,9 +141,10 @@ func writtenAtCompletion(ctx context.Context, l *Lab) (Outcome, error) {
 		return Outcome{}, err
 	}
 	return Outcome{
-		Naive:      fmt.Sprintf("%d concurrent retries made %d payments", n, naive),
-		Ours:       fmt.Sprintf("%d concurrent retries made %d payment", n, ours),
+		Naive:      fmt.Sprintf("%s concurrent retries made %s payments", num(n), num(naive)),
+		Ours:       fmt.Sprintf("%s concurrent retries made %s payment", num(n), num(ours)),
 		NaiveBroke: naive > 1, OursHeld: ours == 1,
+		Shown: fmt.Sprintf("naive: %s payments; ours: %s", num(naive), num(ours)),
 	}, nil
 }
 
@@ -197,8 +199,9 @@ func redisClaimThenCrash(ctx context.Context, l *Lab) (Outcome, error) {
 		return Outcome{}, err
 	}
 	return Outcome{
-		Naive:      fmt.Sprintf("retry told success; payments: %d", naive),
-		Ours:       fmt.Sprintf("claim rolled back with the crash; retry executed (replayed: %v); payments: %d", retry.Replayed, ours),
+		Naive:      fmt.Sprintf("retry told success; payments: %s", num(naive)),
+		Ours:       fmt.Sprintf("claim rolled back with the crash; retry executed (replayed: %v); payments: %s", retry.Replayed, num(ours)),
+		Shown:      fmt.Sprintf("naive: %s payments, retry told success; ours: %s", num(naive), num(ours)),
 		NaiveBroke: toldSuccess && naive == 0,
 		OursHeld:   !retry.Replayed && ours == 1,
 	}, nil
@@ -245,8 +248,9 @@ func inProcessCache(ctx context.Context, l *Lab) (Outcome, error) {
 		return Outcome{}, err
 	}
 	return Outcome{
-		Naive:      fmt.Sprintf("the retry on the second instance executed again: %d payments", naive),
-		Ours:       fmt.Sprintf("the second instance replayed (%v): %d payment", replayed, ours),
+		Naive:      fmt.Sprintf("the retry on the second instance executed again: %s payments", num(naive)),
+		Ours:       fmt.Sprintf("the second instance replayed (%v): %s payment", replayed, num(ours)),
+		Shown:      fmt.Sprintf("naive: %s payments; ours: %s", num(naive), num(ours)),
 		NaiveBroke: naive > 1, OursHeld: replayed && ours == 1,
 	}, nil
 }
@@ -310,8 +314,9 @@ func shortTTL(ctx context.Context, l *Lab) (Outcome, error) {
 	})
 	refused := cfgErr != nil && strings.Contains(cfgErr.Error(), "IDEMPOTENCY_WINDOW")
 	return Outcome{
-		Naive:      fmt.Sprintf("TTL %s, retry after %s: %d payments, no error", ttl, retryAfter, naive),
-		Ours:       fmt.Sprintf("window 24 h published and enforced (a 1 m window refused: %v); the retry replayed: %d payment", refused, ours),
+		Naive:      fmt.Sprintf("TTL %s, retry after %s: %s payments, no error", ttl, retryAfter, num(naive)),
+		Ours:       fmt.Sprintf("window 24 h published and enforced (a 1 m window refused: %v); the retry replayed: %s payment", refused, num(ours)),
+		Shown:      fmt.Sprintf("naive: %s payments; ours: %s", num(naive), num(ours)),
 		NaiveBroke: naive > 1, OursHeld: retry.Replayed && ours == 1 && refused,
 	}, nil
 }
@@ -349,10 +354,11 @@ func noFingerprint(ctx context.Context, l *Lab) (Outcome, error) {
 		return Outcome{}, err
 	}
 	return Outcome{
-		Naive:      "the 2000 request got the 1000 payment's response",
-		Ours:       verdict(refused, "the 2000 request was refused (422 idempotency-key-reused); nothing executed", "the 2000 request was answered"),
+		Naive:      "the request for 2,000 got the response of the 1,000 payment",
+		Ours:       verdict(refused, "the request for 2,000 was refused (422 idempotency-key-reused); nothing executed", "the request for 2,000 was answered"),
 		NaiveBroke: toSecond == first,
 		OursHeld:   refused,
+		Shown:      "naive: " + verdict(toSecond == first, "the request for 2,000 told it was done", "the request for 2,000 not answered") + "; ours: " + verdict(refused, "refused", "answered"),
 	}, nil
 }
 
