@@ -19,6 +19,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // same key, replays, a key held by a vanished holder). .ci/run also runs
 // `go run ./faults`, which prints the figures.
 func TestFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: the fault suite, about 80 s; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	// The API's pool (6), its outbox's (2) and maintenance pool (2), the
 	// suite's own (2), two sessions held by half-open holders until they

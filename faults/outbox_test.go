@@ -149,6 +149,9 @@ func (r *rig) requireChargedOnce(ids []string, bound time.Duration) {
 // to the processor but not yet processed: nothing was charged, and after a
 // restart every payment is charged exactly once.
 func TestCrashBetweenCommitAndCharge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	r := newRig(t, processor.SimConfig{Latency: 3 * time.Second})
 	ids := r.pay(8, 4)
@@ -168,6 +171,9 @@ func TestCrashBetweenCommitAndCharge(t *testing.T) {
 // processor replays its answers without charging, and every payment is
 // recorded as succeeded, charged exactly once.
 func TestCrashBetweenChargeAndRecord(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	r := newRig(t, processor.SimConfig{TimeoutRate: 1, Hold: 3 * time.Second})
 	ids := r.pay(8, 4)
@@ -193,6 +199,9 @@ func TestCrashBetweenChargeAndRecord(t *testing.T) {
 // The reconciler finds each payment processing without a live job and settles
 // it from the processor's ledger: succeeded, charged exactly once.
 func TestCrashDuringTheLastAttempt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	r := newRig(t, processor.SimConfig{TimeoutRate: 1, Hold: 3 * time.Second},
 		"OUTBOX_MAX_ATTEMPTS=1", "RECONCILE_INTERVAL=1s", "RECONCILE_GRACE=5s")
@@ -214,6 +223,9 @@ func TestCrashDuringTheLastAttempt(t *testing.T) {
 // 5% of the charges it makes: every payment ends succeeded, charged exactly
 // once, none left processing.
 func TestOutboxSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: a soak of the outbox; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	r := newRig(t, processor.SimConfig{ErrorRate: 0.2, DropRate: 0.05, Seed: 7})
 	start := time.Now()

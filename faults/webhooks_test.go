@@ -26,6 +26,9 @@ import (
 // with exactly one effect per event. No event is lost for a committed
 // change, and none exists without one.
 func TestCrashDuringAWebhookDelivery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	r := newRig(t, processor.SimConfig{}, "WEBHOOK_RETRY_SCHEDULE=0s,200ms,200ms,200ms,200ms,200ms,200ms,200ms", "WEBHOOK_TIMEOUT=4s")
 	ctx := context.Background()

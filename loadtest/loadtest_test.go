@@ -23,6 +23,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // so it cannot rot unnoticed. It proves the pipeline works (build, start,
 // bulk load, drive, baseline, pgbench, report), not any number.
 func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: a small load test, about 35 s; the full test command (and CI) runs it")
+	}
 	const concurrency, apiConns, outboxConns = 4, 6, 2
 	// The load test's own pool, the API's pool, its outbox's and its
 	// maintenance pool of 2, and pgbench's clients, one per -concurrency.

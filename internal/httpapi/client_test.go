@@ -72,6 +72,9 @@ func (l *losingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // or cut short on the way back to the client, ends as exactly one payment,
 // and the client learns it.
 func TestClientThroughConnectionCuts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: 13 s of connection cuts; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	b := setup(t, func(o *options) {
 		o.faultProxy = true

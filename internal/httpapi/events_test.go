@@ -104,6 +104,9 @@ func TestEventsAreSweptAfterThirtyDays(t *testing.T) {
 // (TestListCursorNeverSkipsConcurrentPayments): thousands of payments
 // settled by the outbox's workers, one poller.
 func TestEventCursorNeverSkipsConcurrentEvents(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: 20 s of concurrent writers and pollers; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	b := setup(t, func(o *options) { o.maxConns = 8 })
 	k := b.newKey(t, "poller", webhookScopes...)

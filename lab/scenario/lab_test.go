@@ -17,6 +17,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // the lesson says, and this service's design holds. The scenarios share one
 // database (they fill and empty idempotency_keys), so they run in order.
 func TestScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short skips it: the failure lab, about 15 s; the full test command (and CI) runs it")
+	}
 	t.Parallel()
 	db := testdb.New(t, scenario.AppConns+scenario.MaintConns+scenario.AdminConns+2)
 	redisAddr := os.Getenv("LAB_REDIS_ADDR")
