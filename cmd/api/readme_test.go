@@ -3,15 +3,19 @@ package main
 import (
 	"context"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
 )
 
@@ -20,16 +24,57 @@ import (
 // every status its comments show is the status the service answers, in order.
 func TestREADMEWalkThroughRuns(t *testing.T) {
 	t.Parallel()
+	block := readmeBlock(t, "## Walk-through with curl")
+	addr, vars, _ := startForREADME(t, 0)
+	out := paste(t, block, vars, "BASE=http://"+addr)
+
+	status := regexp.MustCompile(`(?m)^HTTP/1\.1 (\d{3})`)
+	shown := regexp.MustCompile(`(?m)^# HTTP/1\.1 (\d{3})`)
+	require.Equal(t, matches(shown, block), matches(status, out), "statuses the README shows vs. what the service answered; output:\n%s", out)
+	require.Contains(t, out, `"principal":"acme"`, "keys list printed the key")
+}
+
+// The README's webhook walk-through, pasted twice as a reader might: the
+// receiver is listening before the first delivery, so attempt 1 is the one
+// that succeeds (it once raced `go run`'s compile and failed with
+// "connection refused"); the second paste finds the receiver's database
+// already there; each paste stops the receiver it started.
+func TestREADMEWebhookWalkThroughRuns(t *testing.T) {
+	t.Parallel()
+	block := readmeBlock(t, "## Receiving webhooks")
+	// The receiver's pool (pgxpool's least, 4) and a psql at a time.
+	addr, vars, db := startForREADME(t, 5)
+	receiverDB := "readme_receiver_" + strings.TrimPrefix(addr, "127.0.0.1:")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, database.DropDatabase(ctx, db.AdminURL, receiverDB))
+	})
+	receiver := freeAddr(t)
+	pg, err := url.Parse(db.AdminURL) // a superuser, as the README's PG is
+	require.NoError(t, err)
+	pg.Path, pg.RawQuery = "", ""
+	for i := range 2 {
+		out := paste(t, block, vars, "BASE=http://"+addr, "PG="+pg.String(), "RECEIVER="+receiver, "RECEIVER_DB="+receiverDB)
+		require.Contains(t, out, `"attempt":1,"status_code":200`, "paste %d: the first delivery was not the one taken; output:\n%s", i+1, out)
+		require.Contains(t, out, "msg=applied", "paste %d: the receiver did not apply the event; output:\n%s", i+1, out)
+		require.Contains(t, out, `"type":"payment.succeeded"`, "paste %d; output:\n%s", i+1, out)
+		_, err := net.DialTimeout("tcp", receiver, time.Second)
+		require.Error(t, err, "paste %d left the receiver running", i+1)
+	}
+}
+
+// startForREADME starts the service on a database of its own and returns
+// where it listens, the settings a pasted `go run ./cmd/api keys` needs,
+// and the database; extra reserves connections for what the block starts.
+func startForREADME(t *testing.T, extra int) (string, map[string]string, testdb.DB) {
+	t.Helper()
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("the walk-through needs curl (apt-get install curl)")
 	}
-	raw, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
-	block := walkThrough(t, string(raw))
-
 	// The service pool (4), the outbox's (2), the maintenance pool (3), and
 	// the owner connection of each `keys` command.
-	db := testdb.New(t, 10)
+	db := testdb.New(t, 10+extra)
 	addr := freeAddr(t)
 	vars := map[string]string{
 		"ADDR": addr, "METRICS_ADDR": "off", "DB_MAX_CONNS": "4", "OUTBOX_DB_MAX_CONNS": "2",
@@ -43,34 +88,45 @@ func TestREADMEWalkThroughRuns(t *testing.T) {
 		require.NoError(t, <-done)
 	})
 	waitOK(t, "http://"+addr+"/readyz")
+	return addr, vars, db
+}
 
-	sctx, stop := context.WithTimeout(context.Background(), 3*time.Minute)
+// paste runs block in bash -e at the repository's root, with the service's
+// database settings and extra in its environment, and returns its output.
+func paste(t *testing.T, block string, vars map[string]string, extra ...string) string {
+	t.Helper()
+	ctx, stop := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer stop()
-	cmd := exec.CommandContext(sctx, "bash", "-e", "-c", block)
+	cmd := exec.CommandContext(ctx, "bash", "-e", "-c", block)
 	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "BASE=http://"+addr)
+	cmd.Env = append(os.Environ(), extra...)
 	for k, v := range vars {
 		if strings.HasSuffix(k, "DATABASE_URL") {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
 	}
+	// Its own process group, so that what it started in the background (the
+	// receiver) is ended with it when it fails or times out.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the walk-through failed:\n%s", out)
-
-	status := regexp.MustCompile(`(?m)^HTTP/1\.1 (\d{3})`)
-	shown := regexp.MustCompile(`(?m)^# HTTP/1\.1 (\d{3})`)
-	require.Equal(t, matches(shown, block), matches(status, string(out)), "statuses the README shows vs. what the service answered; output:\n%s", out)
-	require.Contains(t, string(out), `"principal":"acme"`, "keys list printed the key")
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	require.NoError(t, err, "the pasted block failed:\n%s", out)
+	return string(out)
 }
 
-// walkThrough returns the first sh block after the README's walk-through
-// heading.
-func walkThrough(t *testing.T, readme string) string {
+// readmeBlock returns the first sh block after the README's heading.
+func readmeBlock(t *testing.T, heading string) string {
 	t.Helper()
-	_, after, ok := strings.Cut(readme, "## Walk-through with curl")
-	require.True(t, ok, "no walk-through heading in README.md")
+	raw, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	_, after, ok := strings.Cut(string(raw), "\n"+heading+"\n")
+	require.True(t, ok, "no %q heading in README.md", heading)
 	_, after, ok = strings.Cut(after, "```sh\n")
-	require.True(t, ok, "no sh block in the walk-through")
+	require.True(t, ok, "no sh block after %q", heading)
 	block, _, ok := strings.Cut(after, "\n```")
 	require.True(t, ok, "unterminated sh block")
 	return block
