@@ -139,3 +139,21 @@ func matches(re *regexp.Regexp, s string) []string {
 	}
 	return got
 }
+
+// Every README block that talks to a running service ($BASE) is one of the
+// blocks above, which the tests paste; a new one must join them.
+func TestEveryREADMEBlockAgainstTheServiceIsRun(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	tested := map[string]bool{"## Walk-through with curl": true, "## Receiving webhooks": true}
+	heading := ""
+	for _, part := range strings.Split(string(raw), "\n```") {
+		if i := strings.LastIndex(part, "\n## "); i >= 0 {
+			heading, _, _ = strings.Cut(part[i+1:], "\n")
+		}
+		if strings.HasPrefix(part, "sh\n") && strings.Contains(part, "$BASE") {
+			require.True(t, tested[heading], "README's block under %q uses $BASE but no test pastes it", heading)
+		}
+	}
+}
