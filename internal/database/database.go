@@ -139,7 +139,24 @@ func (p *Pool) WithConn(ctx context.Context, fn func(DBTX) error) error {
 		return err
 	}
 	defer conn.Release()
-	return Classify(fn(conn))
+	err = fn(conn)
+	dropIfStandby(conn, err)
+	return Classify(err)
+}
+
+// dropIfStandby closes conn when err says its server is a standby now
+// (SQLSTATE 25006 after a failover demoted it), so that Release destroys it
+// instead of pooling it: target_session_attrs=read-write is checked only
+// when a connection is made, and every later request on this one would get
+// 25006 too.
+func dropIfStandby(conn *pgxpool.Conn, err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "25006" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Conn().Close(ctx)
 }
 
 // Acquire takes a connection, waiting at most the pool's AcquireTimeout.
@@ -214,6 +231,7 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 		mode, tenant, opts.LockTimeout.Milliseconds())
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 	if err != nil {
+		dropIfStandby(conn, err)
 		return fmt.Errorf("begin: %w", Classify(err))
 	}
 	defer func() {
@@ -225,11 +243,13 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 	}()
 
 	if err := fn(tx); err != nil {
+		dropIfStandby(conn, err)
 		// The one place a statement's error is translated (Classify): the
 		// store code inside fn only says which statement failed.
 		return Classify(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
+		dropIfStandby(conn, err)
 		if opts.ReadOnly {
 			return fmt.Errorf("commit: %w", Classify(err))
 		}
@@ -267,7 +287,9 @@ func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func
 	// When a statement fails, the server skips the rest, COMMIT included,
 	// and the failed transaction stays open: pgxpool closes a connection
 	// released in a transaction, so none goes back to the pool in one.
-	return Classify(conn.SendBatch(ctx, b).Close())
+	err = conn.SendBatch(ctx, b).Close()
+	dropIfStandby(conn, err)
+	return Classify(err)
 }
 
 // classifyCommit tells a COMMIT that certainly did not happen from one whose

@@ -74,6 +74,31 @@ func TestFatalBeforeCommitIsUnavailable(t *testing.T) {
 	require.NotErrorIs(t, err, database.ErrOutcomeUnknown)
 }
 
+// A connection that met 25006 is dropped, not pooled: its server is a
+// standby now, and every request on it would fail the same way.
+func TestConnectionToAStandbyIsDropped(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, 4)
+	pool, err := database.Open(context.Background(), db.OwnerURL, database.PoolConfig{MaxConns: 1, AcquireTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+	backend := func() (pid int) {
+		require.NoError(t, pool.WithConn(ctx, func(c database.DBTX) error {
+			return c.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+		}))
+		return pid
+	}
+	before := backend()
+	require.Equal(t, before, backend(), "the pool of one keeps its connection")
+	err = database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SET LOCAL transaction_read_only = on; CREATE TABLE t (x int)`)
+		return err
+	})
+	require.ErrorIs(t, err, database.ErrUnavailable)
+	require.NotEqual(t, before, backend(), "the connection that met 25006 went back to the pool")
+}
+
 // The request's time running out while the server commits leaves the
 // outcome unknown. Here it did not commit: giving up, pgx sends a cancel
 // request, which stops the deferred trigger. A cancel that arrives once the
