@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -225,6 +226,37 @@ func TestWebhookRetriesUntilTheReceiverTakesIt(t *testing.T) {
 	require.Equal(t, 1, b.effects(t, pay))
 }
 
+// A receiver whose malformed answer makes a long error of multi-byte
+// characters still gets its attempt recorded: the error is cut on a
+// character's boundary (cut at 500 bytes, it was invalid UTF-8, PostgreSQL
+// refused the record with SQLSTATE 22021, and the list stayed empty).
+func TestWebhookAttemptWithALongErrorIsRecorded(t *testing.T) {
+	t.Parallel()
+	b, k, rc, endpointID := webhookSetup(t)
+	rc.before = func(w http.ResponseWriter, _ *http.Request, n int) bool {
+		if n > 1 {
+			return false
+		}
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return true
+		}
+		// net/http quotes the bad status line in its error, é as is.
+		_, _ = buf.WriteString("HTTP/1.1 2" + strings.Repeat("é", 400) + " OK\r\n\r\n")
+		_ = buf.Flush()
+		_ = conn.Close()
+		return true
+	}
+	b.createPayment(t, k.Secret, 1000)
+	attempts := b.attemptsOf(t, k.Secret, endpointID, 2)
+	require.Nil(t, attempts[0]["status_code"])
+	msg := attempts[0]["error"].(string)
+	require.Contains(t, msg, "malformed HTTP")
+	require.True(t, utf8.ValidString(msg))
+	require.LessOrEqual(t, utf8.RuneCountInString(msg), webhooks.MaxErrorLength)
+	require.EqualValues(t, 200, attempts[1]["status_code"], "the next attempt is delivered")
+}
+
 // A receiver that applies the event but whose 200 never arrives gets the
 // event again, and applies it still once: at least once on the wire,
 // exactly once in effect.
@@ -409,6 +441,12 @@ func TestWebhookURLsThatReachInsideAreRefused(t *testing.T) {
 		"https://0.0.0.0/hook",                     // unspecified
 		"https://100.64.0.1/hook",                  // shared address space
 		"https://224.0.0.1/hook",                   // multicast
+		"https://[::127.0.0.1]/hook",               // IPv4-compatible
+		"https://[::ffff:0:7f00:1]/hook",           // SIIT
+		"https://[2002:7f00:1::]/hook",             // 6to4
+		"https://[fec0::1]/hook",                   // site-local
+		"https://[64:ff9b:1::a00:1]/hook",          // NAT64, local-use prefix
+		"https://[2001::1]/hook",                   // Teredo
 		"https://user:pass@public.example/hook",    // user information
 		"https://no-such-host.invalid/hook",        // does not resolve
 		"ftp://public.example/hook",                // not http at all
@@ -420,6 +458,33 @@ func TestWebhookURLsThatReachInsideAreRefused(t *testing.T) {
 	}
 	require.Zero(t, b.count(t, `SELECT count(*) FROM webhook_endpoints`))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM idempotency_keys`), "a refused URL consumes no key")
+	r := b.post(t, "/v1/webhook_endpoints", k.Secret, "url-"+randomSuffix(), `{"url": "https://loopback.example/hook"}`)
+	require.NotContains(t, string(r.Body), "127.0.0.1", "the address a name resolves to stays unsaid")
 	ok := b.post(t, "/v1/webhook_endpoints", k.Secret, "public", `{"url": "https://public.example/hook"}`)
 	require.Equal(t, http.StatusCreated, ok.Status, "%s", ok.Body)
+}
+
+// An unauthenticated (or unauthorized) request to register an endpoint is
+// refused before the URL's host is looked up: no anonymous request makes
+// the service resolve a name of its choosing.
+func TestWebhookURLIsResolvedOnlyForAnAuthenticatedCaller(t *testing.T) {
+	t.Parallel()
+	var lookups atomic.Int32
+	policy := webhooks.URLPolicy{Resolve: func(context.Context, string) ([]netip.Addr, error) {
+		lookups.Add(1)
+		return []netip.Addr{netip.MustParseAddr("93.184.215.14")}, nil
+	}}
+	b := setup(t, func(o *options) { o.urls = policy })
+	body := `{"url": "https://attacker.example/hook"}`
+	r := b.post(t, "/v1/webhook_endpoints", "sk_test_"+strings.Repeat("0", 40), "anon", body)
+	requireProblem(t, r, http.StatusUnauthorized, "unauthenticated")
+	payer := b.newKey(t, "acme", "payments:write")
+	r = b.post(t, "/v1/webhook_endpoints", payer.Secret, "no-scope", body)
+	requireProblem(t, r, http.StatusForbidden, "forbidden")
+	require.Zero(t, lookups.Load(), "the host was looked up for a caller who may not register endpoints")
+
+	k := b.newKey(t, "acme", webhookScopes...)
+	r = b.post(t, "/v1/webhook_endpoints", k.Secret, "ok", body)
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	require.EqualValues(t, 1, lookups.Load())
 }

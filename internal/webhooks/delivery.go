@@ -42,6 +42,10 @@ func (DeliveryArgs) Kind() string { return deliveryKind }
 
 const deliveryKind = "deliver_webhook"
 
+// MaxErrorLength bounds an attempt's recorded error, in characters, as the
+// webhook_deliveries.error column does.
+const MaxErrorLength = 500
+
 // Fanout implements events.Fanout: one delivery job per enabled endpoint of
 // the event's principal, inserted by one statement in the event's own
 // transaction. The jobs carry the trace of ctx (the worker that decided
@@ -161,10 +165,7 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 		if errors.As(postErr, &ue) {
 			postErr = ue.Err
 		}
-		msg := postErr.Error()
-		if len(msg) > 500 {
-			msg = msg[:500]
-		}
+		msg := database.StorableText(postErr.Error(), MaxErrorLength)
 		rec.Error = &msg
 	}
 	rec.DurationMS = int(time.Since(start).Milliseconds())

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"code.dny.dev/ssrf"
+
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
@@ -34,12 +36,24 @@ type URLPolicy struct {
 }
 
 // errPrivateAddress is what the dialer refuses: the check at connect time.
-var errPrivateAddress = errors.New("refusing to connect to a loopback, private or link-local address")
+// It names no address: the error is recorded where the tenant reads it.
+var errPrivateAddress = errors.New("refusing to connect to a non-public address")
+
+// guard is the address policy, from a maintained library rather than a list
+// of our own: code.dny.dev/ssrf denies every IPv4 prefix of IANA's
+// special-purpose address registry and every IPv6 address outside global
+// unicast (2000::/3) or in that registry's prefixes within it, so the forms
+// that embed an IPv4 address in IPv6 (mapped, compatible, SIIT, NAT64, 6to4,
+// Teredo) and the deprecated site-local range are refused with the rest.
+// Any port: receivers listen where they like.
+var guard = ssrf.New(ssrf.WithAnyPort())
 
 // Check validates a URL a client registers: absolute https (http only with
 // AllowPrivate), no user information, a host that resolves, and, unless
 // AllowPrivate, only to public unicast addresses. It returns a
-// *validation.Error for the field "url".
+// *validation.Error for the field "url". Resolving the host is a DNS lookup
+// that an attacker's name can make slow: call it only for an authenticated
+// caller.
 func (p URLPolicy) Check(ctx context.Context, raw string) error {
 	bad := func(msg string) error { return validation.Invalid("url", msg) }
 	if raw == "" {
@@ -74,7 +88,9 @@ func (p URLPolicy) Check(ctx context.Context, raw string) error {
 	}
 	for _, a := range addrs {
 		if !Public(a) {
-			return bad(fmt.Sprintf("host %q resolves to %s, a loopback, private, link-local or otherwise non-public address", host, a))
+			// Which address it resolved to stays unsaid: it would map the
+			// service's own network for whoever owns the name.
+			return bad(fmt.Sprintf("host %q is not allowed: webhooks are sent only to public addresses", host))
 		}
 	}
 	return nil
@@ -92,42 +108,14 @@ func (p URLPolicy) resolve(ctx context.Context, host string) ([]netip.Addr, erro
 	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 }
 
-// nonPublic are the ranges Public refuses beyond what netip classifies:
-// "this network", shared address space (carrier-grade NAT), the IETF
-// protocol assignments, benchmarking, the reserved block, and the IPv6
-// translation, discard and documentation prefixes.
-var nonPublic = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),
-	netip.MustParsePrefix("100.64.0.0/10"),
-	netip.MustParsePrefix("192.0.0.0/24"),
-	netip.MustParsePrefix("192.0.2.0/24"),
-	netip.MustParsePrefix("198.18.0.0/15"),
-	netip.MustParsePrefix("198.51.100.0/24"),
-	netip.MustParsePrefix("203.0.113.0/24"),
-	netip.MustParsePrefix("240.0.0.0/4"),
-	netip.MustParsePrefix("64:ff9b::/96"),
-	netip.MustParsePrefix("100::/64"),
-	netip.MustParsePrefix("2001:db8::/32"),
-}
+// Public reports whether the service may send webhooks to a: a public
+// unicast address, by guard's policy.
+func Public(a netip.Addr) bool { return guard.SafeAddr(a) == nil }
 
-// Public reports whether a is a public unicast address: not loopback,
-// private (RFC 1918, unique local), link-local (the cloud metadata
-// service's 169.254.169.254 among them), unspecified, multicast, or one of
-// the special-purpose ranges. An IPv4 address in IPv6 form is judged as
-// IPv4.
-func Public(a netip.Addr) bool {
-	a = a.Unmap()
-	if !a.IsValid() || a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
-		a.IsInterfaceLocalMulticast() || a.IsMulticast() || a.IsUnspecified() {
-		return false
-	}
-	for _, p := range nonPublic {
-		if p.Contains(a) {
-			return false
-		}
-	}
-	return true
-}
+// MaxResponseHeaderBytes bounds a receiver's response headers: with Go's
+// default (10 MB) for every worker, receivers answering with huge headers
+// could fill the process's memory. A longer answer fails the attempt.
+const MaxResponseHeaderBytes = 32 << 10
 
 // Client returns the HTTP client deliveries use: each attempt bounded by
 // timeout; no proxy from the environment; redirects not followed (a 3xx is
@@ -137,22 +125,22 @@ func Public(a netip.Addr) bool {
 func (p URLPolicy) Client(timeout time.Duration, maxConnsPerHost int) *http.Client {
 	dialer := &net.Dialer{Timeout: timeout}
 	if !p.AllowPrivate {
-		dialer.Control = func(_, address string, _ syscall.RawConn) error {
-			ap, err := netip.ParseAddrPort(address)
-			if err != nil || !Public(ap.Addr()) {
-				return fmt.Errorf("%w: %s", errPrivateAddress, address)
+		dialer.Control = func(network, address string, c syscall.RawConn) error {
+			if guard.Safe(network, address, c) != nil {
+				return errPrivateAddress
 			}
 			return nil
 		}
 	}
 	transport := &http.Transport{
-		DialContext:           dialer.DialContext,
-		TLSHandshakeTimeout:   timeout,
-		ResponseHeaderTimeout: timeout,
-		MaxIdleConns:          100,
-		MaxIdleConnsPerHost:   max(2, maxConnsPerHost),
-		IdleConnTimeout:       90 * time.Second,
-		ForceAttemptHTTP2:     true,
+		DialContext:            dialer.DialContext,
+		TLSHandshakeTimeout:    timeout,
+		ResponseHeaderTimeout:  timeout,
+		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
+		MaxIdleConns:           100,
+		MaxIdleConnsPerHost:    max(2, maxConnsPerHost),
+		IdleConnTimeout:        90 * time.Second,
+		ForceAttemptHTTP2:      true,
 	}
 	return &http.Client{
 		Timeout:       timeout,

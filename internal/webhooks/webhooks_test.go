@@ -91,6 +91,10 @@ func TestSecretsAndRotation(t *testing.T) {
 	require.Error(t, err)
 }
 
+// The address policy refuses every form that reaches a non-public address,
+// including those that embed an IPv4 address in IPv6 (which a hand-written
+// list once let through: IPv4-compatible, SIIT, 6to4, NAT64's local prefix,
+// Teredo) and the deprecated site-local range.
 func TestPublic(t *testing.T) {
 	t.Parallel()
 	for addr, want := range map[string]bool{
@@ -98,10 +102,34 @@ func TestPublic(t *testing.T) {
 		"127.0.0.1": false, "::1": false, "::ffff:127.0.0.1": false, "10.0.0.1": false, "172.31.255.255": false,
 		"192.168.0.1": false, "169.254.169.254": false, "fe80::1": false, "fd00::1": false, "0.0.0.0": false,
 		"::": false, "100.64.0.1": false, "224.0.0.1": false, "ff02::1": false, "192.0.2.1": false, "240.0.0.1": false,
-		"64:ff9b::7f00:1": false,
+		"64:ff9b::7f00:1":                      false,
+		"::127.0.0.1":                          false, // IPv4-compatible
+		"::ffff:0:7f00:1":                      false, // SIIT
+		"2002:7f00:1::":                        false, // 6to4 of 127.0.0.1
+		"fec0::1":                              false, // site-local
+		"64:ff9b:1::a00:1":                     false, // NAT64, local-use prefix
+		"2001::1":                              false, // Teredo
+		"2001:0:4136:e378:8000:63bf:3fff:fdd2": false, // Teredo, RFC 4380's example
+		"2001:db8::1":                          false, // documentation
+		"198.18.0.1":                           false, // benchmarking
 	} {
 		require.Equal(t, want, Public(netip.MustParseAddr(addr)), addr)
 	}
+}
+
+// A receiver that answers with more headers than MaxResponseHeaderBytes
+// fails the attempt instead of filling the process's memory.
+func TestClientBoundsResponseHeaders(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		for i := range 64 {
+			w.Header().Set("X-Filler-"+strconv.Itoa(i), strings.Repeat("x", 1000))
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	_, err := URLPolicy{AllowPrivate: true}.Client(5*time.Second, 1).Post(srv.URL, "application/json", nil)
+	require.ErrorContains(t, err, "header")
 }
 
 // A URL that passed its check can point elsewhere later (its name now
