@@ -288,30 +288,43 @@ type FieldError struct {
 
 // NewPayment Example: {"amount":2500,"currency":"usd","description":"Order #1042","metadata":{"order_id":"1042"}}
 type NewPayment struct {
-	// Amount In minor units (cents for usd).
+	// Amount In minor units (cents for usd), at most 999999999999.
 	Amount int64 `json:"amount"`
 
-	// Currency An active ISO 4217 code, either case; returned in lower case.
-	Currency    string             `json:"currency"`
-	Description *string            `json:"description,omitempty"`
-	Metadata    *map[string]string `json:"metadata,omitempty"`
+	// Currency An active ISO 4217 code, in lower or upper case (not mixed); returned in lower
+	// case. Precious metals, testing and fund codes (XAU, XTS, XXX) are refused.
+	Currency string `json:"currency"`
+
+	// Description Up to 1000 characters, without U+0000. `null` is the same as absent.
+	Description *string `json:"description,omitempty"`
+
+	// Metadata Up to 20 keys of 1-40 characters, without U+0000 (OpenAPI 3.0 cannot state a
+	// rule on keys, so the schema below does not); values of up to 500 characters,
+	// without U+0000. Neither the object nor a value may be `null`.
+	Metadata *map[string]string `json:"metadata,omitempty"`
 }
 
 // NewRefund Example: {"amount":1000,"reason":"requested_by_customer"}
 type NewRefund struct {
-	// Amount Defaults to everything that remains refundable.
-	Amount *int64           `json:"amount,omitempty"`
+	// Amount Defaults to everything that remains refundable (leave it out; `null` is a 400).
+	Amount *int64 `json:"amount,omitempty"`
+
+	// Reason `null` is the same as absent.
 	Reason *NewRefundReason `json:"reason,omitempty"`
 }
 
-// NewRefundReason defines model for NewRefund.Reason.
+// NewRefundReason `null` is the same as absent.
 type NewRefundReason string
 
 // NewWebhookEndpoint Example: {"description":"Order fulfilment","url":"https://example.com/webhooks/payments"}
 type NewWebhookEndpoint struct {
+	// Description Up to 1000 characters, without U+0000. `null` is the same as absent.
 	Description *string `json:"description,omitempty"`
 
-	// Url An absolute `https` URL whose host resolves only to public addresses.
+	// Url An absolute `https` URL whose host resolves only to public addresses (`http` and
+	// private addresses only where the server allows them for development), without
+	// user information or a fragment. The host is looked up after the caller is
+	// authenticated.
 	Url string `json:"url"`
 }
 
@@ -922,9 +935,12 @@ type ListPaymentsParams struct {
 // CreatePaymentParams defines parameters for CreatePayment.
 type CreatePaymentParams struct {
 	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
-	// quoted Structured Field string (`"abc"` is the key `abc`). Scoped to your
-	// principal and this endpoint. Retries with the same key within 24 hours get the
-	// original response.
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
@@ -951,27 +967,36 @@ type ListRefundsParams struct {
 // CreateRefundParams defines parameters for CreateRefund.
 type CreateRefundParams struct {
 	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
-	// quoted Structured Field string (`"abc"` is the key `abc`). Scoped to your
-	// principal and this endpoint. Retries with the same key within 24 hours get the
-	// original response.
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // CreateWebhookEndpointParams defines parameters for CreateWebhookEndpoint.
 type CreateWebhookEndpointParams struct {
 	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
-	// quoted Structured Field string (`"abc"` is the key `abc`). Scoped to your
-	// principal and this endpoint. Retries with the same key within 24 hours get the
-	// original response.
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
 // DeleteWebhookEndpointParams defines parameters for DeleteWebhookEndpoint.
 type DeleteWebhookEndpointParams struct {
 	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
-	// quoted Structured Field string (`"abc"` is the key `abc`). Scoped to your
-	// principal and this endpoint. Retries with the same key within 24 hours get the
-	// original response.
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
@@ -998,9 +1023,12 @@ type ListWebhookDeliveriesParams struct {
 // RotateWebhookSecretParams defines parameters for RotateWebhookSecret.
 type RotateWebhookSecretParams struct {
 	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
-	// quoted Structured Field string (`"abc"` is the key `abc`). Scoped to your
-	// principal and this endpoint. Retries with the same key within 24 hours get the
-	// original response.
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 

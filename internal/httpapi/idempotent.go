@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -23,6 +24,11 @@ import (
 // reused for a different payment's refund is a mismatch, not a replay, while
 // every spelling the router accepts for one request is that one request.
 func idempotentRequest(r *http.Request, canonicalBody []byte) (idempotency.Request, error) {
+	// The header is one sf-string (the draft): sent twice, which of the two
+	// the client meant is not for the server to pick.
+	if len(r.Header.Values("Idempotency-Key")) > 1 {
+		return idempotency.Request{}, fmt.Errorf("%w: the header is sent more than once", idempotency.ErrKeyInvalid)
+	}
 	key, err := idempotency.ParseKey(r.Header.Get("Idempotency-Key"))
 	if err != nil {
 		return idempotency.Request{}, err

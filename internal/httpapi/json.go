@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
@@ -56,25 +57,48 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, maxBytes int64, dst any)
 }
 
 // exactMembers refuses what encoding/json would quietly accept: a member
-// name twice in one object (the last wins) and a top-level name that matches
-// a field only when case is ignored ("Amount" for "amount"). The fingerprint
-// is taken over the body's canonical form, which keeps every name as sent, so
-// either would let the fingerprint and what executes disagree: one key could
-// replay a different intent, or refuse the same one. body is valid JSON here.
+// name twice in one object (the last wins), a top-level name that matches a
+// field only when case is ignored ("Amount" for "amount"), and null where the
+// contract does not allow it (encoding/json reads null as "leave the field
+// as it is", so {"amount": null} would be an absent amount: a refund of
+// everything that remains). The fingerprint is taken over the body's
+// canonical form, which keeps every name and null as sent, so any of these
+// would let the fingerprint and what executes disagree: one key could replay
+// a different intent, or refuse the same one. body is valid JSON here.
+//
+// null is allowed for a top-level field of type *string alone (the optional
+// texts: a description, a refund's reason), where it means absent, as
+// openapi.yaml's `nullable` says; TestRequestBodiesAgainstTheSpec holds the
+// two to each other.
 func exactMembers(body []byte, dst any) error {
 	known := map[string]bool{}
+	nullable := map[string]bool{}
 	if t := reflect.TypeOf(dst); t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct {
 		for f := range t.Elem().Fields() {
 			if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" && name != "-" {
 				known[name] = true
+				nullable[name] = f.Type.Kind() == reflect.Pointer && f.Type.Elem().Kind() == reflect.String
 			}
 		}
 	}
 	type frame struct {
 		names      map[string]bool // nil for an array
 		expectName bool
+		path       string // where this object or array is: "" for the body, "metadata"
+		member     string // the member whose value comes next
 	}
 	var stack []*frame
+	// where names the value that comes next, for an error about it.
+	where := func() string {
+		f := stack[len(stack)-1]
+		if f.names == nil {
+			return f.path + "[]"
+		}
+		if f.path == "" {
+			return f.member
+		}
+		return f.path + "." + f.member
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	for {
 		tok, err := dec.Token()
@@ -84,15 +108,27 @@ func exactMembers(body []byte, dst any) error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", idempotency.ErrBodyNotJSON, err)
 		}
+		if len(stack) == 0 && tok != json.Delim('{') {
+			return fieldError("(body)", "must be a JSON object")
+		}
 		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, &frame{names: map[string]bool{}, expectName: true})
-			continue
-		case json.Delim('['):
-			stack = append(stack, &frame{})
+		case json.Delim('{'), json.Delim('['):
+			path := ""
+			if len(stack) > 0 {
+				path = where()
+			}
+			f := &frame{path: path}
+			if tok == json.Delim('{') {
+				f.names, f.expectName = map[string]bool{}, true
+			}
+			stack = append(stack, f)
 			continue
 		case json.Delim('}'), json.Delim(']'):
 			stack = stack[:len(stack)-1]
+		case nil:
+			if top := len(stack) - 1; top > 0 || !nullable[stack[0].member] {
+				return fieldError(where(), "must not be null")
+			}
 		default:
 			if top := len(stack) - 1; top >= 0 && stack[top].expectName {
 				name := tok.(string)
@@ -104,6 +140,7 @@ func exactMembers(body []byte, dst any) error {
 					return fieldError(name, "is not a known field (names are case-sensitive)")
 				}
 				stack[top].expectName = false
+				stack[top].member = name
 				continue
 			}
 		}
@@ -126,7 +163,13 @@ func decodeError(err error) error {
 		if field == "" {
 			field = "(body)"
 		}
-		return &validation.Error{Fields: []validation.FieldError{{Field: field, Message: "must be of type " + jsonType(typeErr.Type.Kind().String())}}}
+		kind := typeErr.Type.Kind().String()
+		if strings.HasPrefix(typeErr.Value, "number") && jsonType(kind) == "integer" {
+			// A number, but not an int64: a fraction, or beyond 2^63. Every
+			// integer of a request body is an amount.
+			return &validation.Error{Fields: []validation.FieldError{{Field: field, Message: fmt.Sprintf("must be a whole number of minor units from 1 to %d", payments.MaxAmount)}}}
+		}
+		return &validation.Error{Fields: []validation.FieldError{{Field: field, Message: "must be of type " + jsonType(kind)}}}
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		return &validation.Error{Fields: []validation.FieldError{{Field: strings.Trim(name, `"`), Message: "is not a known field"}}}

@@ -52,6 +52,9 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 			case errors.As(err, &exceeds):
 				// Business outcomes, stored as failed and replayed as they are.
 				detail := fmt.Sprintf("The refund of %d exceeds the %d that remains refundable on this payment (pending refunds count).", exceeds.Requested, exceeds.Remaining)
+				if exceeds.Remaining == 0 {
+					detail = "The payment has been refunded in full (pending refunds count): nothing remains to refund."
+				}
 				return storedProblem(r, ptRefundExceeds, detail), nil
 			case errors.Is(err, refunds.ErrPaymentFailed):
 				return storedProblem(r, ptNotRefundable, "The payment failed, so there is nothing to refund."), nil

@@ -288,3 +288,18 @@ func TestRefundOfAnUnchargedPayment(t *testing.T) {
 	require.Equal(t, failed.Body, replay.Body)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM refunds`))
 }
+
+// A refund of a payment already refunded in full says so, rather than that
+// a refund of 0 exceeds the 0 that remains.
+func TestRefundOfAFullyRefundedPayment(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "all", `{}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	require.EqualValues(t, 1000, decode(t, r.Body)["amount"])
+	r = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "again", `{}`)
+	requireProblem(t, r, http.StatusUnprocessableEntity, "refund-exceeds-payment")
+	require.Contains(t, decode(t, r.Body)["detail"], "refunded in full")
+}

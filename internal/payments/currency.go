@@ -2,11 +2,16 @@ package payments
 
 import "strings"
 
-// IsCurrency reports whether code (in either case) is an active ISO 4217
-// currency code. Precious metals, testing and fund codes (XAU, XTS, XXX...)
-// are not accepted: they are not currencies anyone pays in.
+// IsCurrency reports whether code, in lower or upper case (not mixed, as
+// openapi.yaml's enum lists them), is an active ISO 4217 currency code.
+// Precious metals, testing and fund codes (XAU, XTS, XXX...) are not
+// accepted: they are not currencies anyone pays in.
 func IsCurrency(code string) bool {
-	_, ok := currencies[strings.ToLower(code)]
+	lower := strings.ToLower(code)
+	if code != lower && code != strings.ToUpper(code) {
+		return false
+	}
+	_, ok := currencies[lower]
 	return ok
 }
 

@@ -29,6 +29,11 @@ import (
 
 // Limits on what a client may send.
 const (
+	// MaxAmount is the largest amount, in minor units, of a payment or a
+	// refund (10^12 - 1): payment-sized, and exact in every JSON client
+	// (JavaScript's numbers are exact only up to 2^53 - 1; an int64 near
+	// its maximum would be read as a different number).
+	MaxAmount            = 999_999_999_999
 	MaxDescriptionLength = 1000
 	MaxMetadataKeys      = 20
 	MaxMetadataKeyLength = 40
@@ -89,13 +94,13 @@ func (n NewPayment) Validate() error {
 	switch {
 	case n.Amount == nil:
 		c.Add("amount", "is required")
-	case *n.Amount <= 0:
-		c.Add("amount", "must be a positive integer number of minor units")
+	case *n.Amount <= 0 || *n.Amount > MaxAmount:
+		c.Add("amount", fmt.Sprintf("must be a whole number of minor units from 1 to %d", MaxAmount))
 	}
 	if n.Currency == "" {
 		c.Add("currency", "is required")
 	} else if !IsCurrency(n.Currency) {
-		c.Add("currency", "must be a three-letter ISO 4217 currency code")
+		c.Add("currency", "must be an active ISO 4217 currency code, in lower or upper case")
 	}
 	if n.Description != nil {
 		switch {

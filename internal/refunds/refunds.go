@@ -96,8 +96,8 @@ type NewRefund struct {
 // Validate checks the fields that can be checked without the payment.
 func (n NewRefund) Validate() error {
 	var c validation.Collector
-	if n.Amount != nil && *n.Amount <= 0 {
-		c.Add("amount", "must be a positive integer number of minor units")
+	if n.Amount != nil && (*n.Amount <= 0 || *n.Amount > payments.MaxAmount) {
+		c.Add("amount", fmt.Sprintf("must be a whole number of minor units from 1 to %d", payments.MaxAmount))
 	}
 	if n.Reason != nil && !slices.Contains(Reasons, *n.Reason) {
 		c.Add("reason", "must be one of requested_by_customer, duplicate, fraudulent")
