@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 )
 
@@ -40,7 +41,8 @@ func dbNow(ctx context.Context, admin *pgxpool.Pool) (time.Time, error) {
 // sit unworked in a queue of their own.)
 func outboxBacklog(ctx context.Context, admin *pgxpool.Pool) (int64, error) {
 	var left int64
-	err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE queue = 'default' AND state NOT IN ('completed', 'discarded', 'cancelled')`).Scan(&left)
+	err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE queue IN ($1, $2) AND state NOT IN ('completed', 'discarded', 'cancelled')`,
+		outbox.QueueProcessor, outbox.QueueWebhooks).Scan(&left)
 	return left, err
 }
 

@@ -199,7 +199,7 @@ func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, std
 	if err != nil {
 		return err
 	}
-	res, err := app.NewReconciler(cfg, pool, proc).Run(ctx)
+	res, err := app.NewReconciler(cfg, pool, proc, log).Run(ctx)
 	if err != nil {
 		return err
 	}

@@ -184,7 +184,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if err != nil {
 		return err
 	}
-	if cfg.OutboxWorkers > 0 {
+	if cfg.OutboxWorkers > 0 || cfg.WebhookWorkers > 0 {
 		giveUp := outbox.StartWhenReachable(bg, jobs, func(err error) { log.Warn("outbox workers not started yet", "error", err) })
 		// After the server has drained: jobs its last requests inserted
 		// are worked now or by the next process.
@@ -318,18 +318,23 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 		return nil, err
 	}
 	fanout := Fanout(cfg)
-	client := urls.Client(cfg.WebhookTimeout, cfg.OutboxWorkers)
+	client := urls.Client(cfg.WebhookTimeout, cfg.WebhookWorkers)
 	// Each delivery is a client span, a child of its job's attempt.
 	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithTracerProvider(tel.TracerProvider))
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
 	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
-	river.AddWorker(workers, &reconcile.Worker{Reconciler: NewReconciler(cfg, pool, proc)})
+	rec := NewReconciler(cfg, pool, proc, log)
+	if rec.Errors, err = reconcile.NewErrorCounter(tel.MeterProvider); err != nil {
+		return nil, err
+	}
+	river.AddWorker(workers, &reconcile.Worker{Reconciler: rec})
 	river.AddWorker(workers, &webhooks.Deliverer{Pool: pool, Keyring: keyring, Client: client,
 		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts})
 	return outbox.NewClient(pool, workers, outbox.Config{
 		Periodic:       []*river.PeriodicJob{reconcile.Periodic(cfg.ReconcileInterval)},
 		Workers:        cfg.OutboxWorkers,
+		WebhookWorkers: cfg.WebhookWorkers,
 		JobTimeout:     cfg.OutboxJobTimeout,
 		RescueAfter:    cfg.OutboxRescueAfter,
 		MaxAttempts:    cfg.OutboxMaxAttempts,
@@ -358,9 +363,10 @@ func registerLivemode(mp metric.MeterProvider, live bool) error {
 	return nil
 }
 
-// NewReconciler returns the reconciler as configured.
-func NewReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor) *reconcile.Reconciler {
-	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000, Events: Fanout(cfg)}
+// NewReconciler returns the reconciler as configured; log hears the rows it
+// could not settle.
+func NewReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor, log *slog.Logger) *reconcile.Reconciler {
+	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000, Events: Fanout(cfg), Log: log}
 }
 
 // Fanout returns what queues an event's webhook deliveries, as configured.

@@ -75,6 +75,10 @@ type Config struct {
 	// charge's p99 time, the processor's latency plus the job's own work
 	// (docs/external-effects.md, "Sizing the outbox").
 	OutboxWorkers int
+	// WebhookWorkers is how many webhook deliveries run at once
+	// (WEBHOOK_WORKERS), in a queue apart from the processor's: a tenant's
+	// slow receivers can hold these, never the workers that charge.
+	WebhookWorkers int
 	// OutboxDBMaxConns is the outbox's own pool (OUTBOX_DB_MAX_CONNS), apart
 	// from the requests' so that a backlog never takes a request's
 	// connection. A worker holds one only for its two short transactions,
@@ -173,6 +177,7 @@ func Defaults() Config {
 		DBIdleInTxTimeout:       10 * time.Second,
 		ProcessorTimeout:        10 * time.Second,
 		OutboxWorkers:           400,
+		WebhookWorkers:          200,
 		OutboxDBMaxConns:        16,
 		OutboxJobTimeout:        30 * time.Second,
 		OutboxRescueAfter:       2 * time.Minute,
@@ -302,6 +307,7 @@ func Load(getenv func(string) string) (Config, error) {
 	rate("PROCESSOR_SIM_TIMEOUT_RATE", &c.Sim.TimeoutRate)
 	dur("PROCESSOR_SIM_HOLD", &c.Sim.Hold, 0)
 	integer("OUTBOX_WORKERS", 0, 10000, func(n int64) { c.OutboxWorkers = int(n) })
+	integer("WEBHOOK_WORKERS", 0, 10000, func(n int64) { c.WebhookWorkers = int(n) })
 	integer("OUTBOX_DB_MAX_CONNS", 1, 1000, func(n int64) { c.OutboxDBMaxConns = int32(n) })
 	dur("OUTBOX_JOB_TIMEOUT", &c.OutboxJobTimeout, time.Second)
 	dur("OUTBOX_RESCUE_AFTER", &c.OutboxRescueAfter, time.Second)
@@ -484,6 +490,7 @@ func (c Config) LogAttrs() []any {
 		slog.String("body_timeout", c.BodyTimeout.String()),
 		slog.String("processor_url", redact(c.ProcessorURL)),
 		slog.Int("outbox_workers", c.OutboxWorkers),
+		slog.Int("webhook_workers", c.WebhookWorkers),
 		slog.Int("outbox_db_max_conns", int(c.OutboxDBMaxConns)),
 		slog.String("outbox_retry_schedule", c.RetrySchedule().Round(time.Second).String()),
 		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),

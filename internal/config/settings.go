@@ -50,6 +50,7 @@ func Settings() []Setting {
 		{"PROCESSOR_SIM_TIMEOUT_RATE", fmt.Sprint(d.Sim.TimeoutRate), "api processor-sim: share of replies held for PROCESSOR_SIM_HOLD"},
 		{"PROCESSOR_SIM_HOLD", duration(d.Sim.Hold), "api processor-sim: how long a held reply waits"},
 		{"OUTBOX_WORKERS", fmt.Sprint(d.OutboxWorkers), "processor jobs worked at once (0: leave them to others); at least payments/s x one charge's p99 time (the processor's latency plus the job's own work)"},
+		{"WEBHOOK_WORKERS", fmt.Sprint(d.WebhookWorkers), "webhook deliveries worked at once, in a queue apart from the processor jobs (0: leave them to others); at least deliveries/s x a receiver's p99 time"},
 		{"OUTBOX_DB_MAX_CONNS", fmt.Sprint(d.OutboxDBMaxConns), "the outbox's own pool; workers hold a connection only for their short transactions"},
 		{"OUTBOX_JOB_TIMEOUT", duration(d.OutboxJobTimeout), "bound on one attempt of a job"},
 		{"OUTBOX_RESCUE_AFTER", duration(d.OutboxRescueAfter), "a dead worker's job runs again after this"},

@@ -243,12 +243,16 @@ func (p *Proxy) clientToServer(l *link) {
 		if err != nil {
 			return
 		}
-		if _, err := l.server.Write(msg); err != nil {
-			return
-		}
 		code := binary.BigEndian.Uint32(msg[4:8])
 		if code == cancelRequest && len(msg) >= 12 {
+			// Noted before it is forwarded: once the server has it, the
+			// cancelled COMMIT's error reply can come back, and clear the
+			// wait, before this goroutine runs again (a CI failure on a
+			// busy machine: 0 given up where 1 was).
 			p.cancelled(binary.BigEndian.Uint32(msg[8:12]))
+		}
+		if _, err := l.server.Write(msg); err != nil {
+			return
 		}
 		if code != sslRequest && code != gssEncRequest {
 			break

@@ -186,3 +186,21 @@ func (b *testBundle) gauge(t *testing.T, name string) float64 {
 	require.Failf(t, "no such gauge", "%s", name)
 	return 0
 }
+
+// counter reads the value of an int64 counter the service reported.
+func (b *testBundle) counter(t *testing.T, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, b.metrics.Collect(context.Background(), &rm))
+	var total int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, p := range d.DataPoints {
+					total += p.Value
+				}
+			}
+		}
+	}
+	return total
+}

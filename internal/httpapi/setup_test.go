@@ -78,6 +78,12 @@ type options struct {
 	urls webhooks.URLPolicy
 	// webhookSchedule is the delivery schedule (testSchedule unless set).
 	webhookSchedule []time.Duration
+	// processor, when set, wraps the simulator: a test answers some calls
+	// itself, as a real processor might.
+	processor func(sim http.Handler) http.Handler
+	// webhookTimeout bounds a delivery attempt, and jobTimeout any job's
+	// attempt (5 s and 10 s unless set).
+	webhookTimeout, jobTimeout time.Duration
 	// partitioned hash-partitions every tenant table by principal_id
 	// (testdata/partition_by_principal.sql) before the service starts.
 	partitioned bool
@@ -133,7 +139,8 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	// acquire timeout keeps a busy shared server from turning a queue into
 	// a 503.
 	o := options{maxConns: 4, acquireTimeout: 15 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10,
-		requestTimeout: 30 * time.Second, maxAttempts: 5, urls: webhooks.URLPolicy{AllowPrivate: true}, webhookSchedule: testSchedule}
+		requestTimeout: 30 * time.Second, maxAttempts: 5, urls: webhooks.URLPolicy{AllowPrivate: true}, webhookSchedule: testSchedule,
+		webhookTimeout: 5 * time.Second, jobTimeout: 10 * time.Second}
 	for _, f := range tweak {
 		f(&o)
 	}
@@ -196,6 +203,9 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	require.NoError(t, outbox.RegisterMetrics(mp, maint, 0))
 	b.sim = processor.NewSimulator(processor.SimConfig{})
 	var simHandler http.Handler = b.sim
+	if o.processor != nil {
+		simHandler = o.processor(b.sim)
+	}
 	if o.holdProcessor {
 		gate := make(chan struct{})
 		b.release = sync.OnceFunc(func() { close(gate) })
@@ -213,19 +223,22 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))}), mp)
 	require.NoError(t, err)
 	fanout := webhooks.Fanout{Schedule: o.webhookSchedule}
-	b.reconciler = &reconcile.Reconciler{Pool: pool, Processor: proc, Batch: 100, Events: fanout}
+	reconcileErrors, err := reconcile.NewErrorCounter(mp)
+	require.NoError(t, err)
+	b.reconciler = &reconcile.Reconciler{Pool: pool, Processor: proc, Batch: 100, Events: fanout, Errors: reconcileErrors,
+		Log: slog.New(slog.NewJSONHandler(b.logs, nil))}
 	require.NoError(t, webhooks.RegisterMetrics(mp, maint, 0))
 	attempts, err := webhooks.NewAttemptCounter(mp)
 	require.NoError(t, err)
-	whClient := o.urls.Client(5*time.Second, outboxWorkers)
+	whClient := o.urls.Client(o.webhookTimeout, webhookWorkers)
 	whClient.Transport = otelhttp.NewTransport(whClient.Transport, otelhttp.WithTracerProvider(tp))
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
 	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
 	river.AddWorker(workers, &webhooks.Deliverer{Pool: pool, Keyring: testKeyring, Client: whClient,
-		Schedule: o.webhookSchedule, AttemptTimeout: 5 * time.Second, Attempts: attempts})
+		Schedule: o.webhookSchedule, AttemptTimeout: o.webhookTimeout, Attempts: attempts})
 	jobs, err := outbox.NewClient(pool, workers, outbox.Config{
-		Workers: outboxWorkers, JobTimeout: 10 * time.Second, RescueAfter: 30 * time.Second,
+		Workers: outboxWorkers, WebhookWorkers: webhookWorkers, JobTimeout: o.jobTimeout, RescueAfter: 3 * o.jobTimeout,
 		MaxAttempts: o.maxAttempts, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 		TracerProvider: tp, MeterProvider: mp,
 	})
@@ -306,8 +319,9 @@ const (
 	spareConns = 2
 	// outboxWorkers work jobs on the service pool; River's producer and
 	// maintenance take up to two connections of their own besides.
-	outboxWorkers = 2
-	outboxConns   = 2
+	outboxWorkers  = 2
+	webhookWorkers = 2
+	outboxConns    = 2
 )
 
 // setupConns is the most connections a bundle built with o holds at once,

@@ -29,6 +29,19 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
+// The queues, each with workers of its own, so that one kind of job can
+// never hold the workers another needs: a tenant's slow webhook receivers
+// fill the webhooks queue's workers, not the ones that charge every
+// tenant's payments, and the reconciler never waits behind either.
+const (
+	// QueueProcessor holds the processor calls: charges and refunds.
+	QueueProcessor = "processor"
+	// QueueWebhooks holds webhook deliveries.
+	QueueWebhooks = "webhooks"
+	// QueueMaintenance holds the periodic reconciler.
+	QueueMaintenance = "maintenance"
+)
+
 // Queuer adds a job to a batch of the transaction that makes the job's
 // reason (a payment, a refund): the job commits with it, or neither does.
 // A domain package needs nothing else of River to enqueue.
@@ -36,7 +49,8 @@ type Queuer interface {
 	Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) error
 }
 
-// Writer queues jobs as one plain INSERT into River's table, so the job
+// Writer queues processor jobs (QueueProcessor) as one plain INSERT into
+// River's table, so the job
 // travels in the same round trip as the row it acts on (River's InsertTx
 // would be a round trip of its own). River works a row inserted this way
 // like one of its own: the workers poll for available jobs (PollOnly), so
@@ -61,8 +75,8 @@ func (w Writer) Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) err
 	}
 	b.Queue(`
 		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
-		VALUES ($1, $2, $3, $4, 'default', 'available')`,
-		raw, args.Kind(), w.MaxAttempts, meta)
+		VALUES ($1, $2, $3, $4, $5, 'available')`,
+		raw, args.Kind(), w.MaxAttempts, meta, QueueProcessor)
 	return nil
 }
 
@@ -81,9 +95,12 @@ type Client = river.Client[pgx.Tx]
 
 // Config tunes the workers.
 type Config struct {
-	// Workers is how many jobs run at once; 0 makes an insert-only client
-	// (no Start), for a process that must not work jobs.
-	Workers int
+	// Workers is how many processor jobs (QueueProcessor) run at once;
+	// WebhookWorkers how many webhook deliveries (QueueWebhooks). Both 0
+	// make an insert-only client (no Start), for a process that must not
+	// work jobs.
+	Workers        int
+	WebhookWorkers int
 	// JobTimeout bounds one attempt. RescueAfter (longer) is when a job
 	// whose worker died (kill -9, a lost host) is worked again.
 	JobTimeout  time.Duration
@@ -134,8 +151,14 @@ func NewClient(pool *database.Pool, workers *river.Workers, cfg Config) (*Client
 		FetchCooldown:     20 * time.Millisecond,
 		FetchPollInterval: 100 * time.Millisecond,
 	}
-	if cfg.Workers > 0 {
-		rc.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}}
+	if cfg.Workers > 0 || cfg.WebhookWorkers > 0 {
+		rc.Queues = map[string]river.QueueConfig{QueueMaintenance: {MaxWorkers: 1}}
+		if cfg.Workers > 0 {
+			rc.Queues[QueueProcessor] = river.QueueConfig{MaxWorkers: cfg.Workers}
+		}
+		if cfg.WebhookWorkers > 0 {
+			rc.Queues[QueueWebhooks] = river.QueueConfig{MaxWorkers: cfg.WebhookWorkers}
+		}
 		rc.Workers = workers
 		rc.PeriodicJobs = cfg.Periodic
 	}

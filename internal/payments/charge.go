@@ -64,6 +64,9 @@ func Decision(err error, last bool) (status string, reason *string) {
 	case processor.Moved:
 		return StatusSucceeded, nil
 	case processor.NotMoved:
+		// The processor's words, kept as the column can hold them: a reason
+		// it refused would leave the payment undecided for ever.
+		why = database.StorableText(why, MaxProcessorTextLength)
 		return StatusFailed, &why
 	case processor.Unknown:
 		return StatusRequiresReconciliation, nil

@@ -40,6 +40,10 @@ const (
 	MaxMetadataValue     = 500
 )
 
+// MaxProcessorTextLength bounds what a processor's answer leaves in a row
+// (failure_reason, processor_id), as the columns' checks do.
+const MaxProcessorTextLength = 100
+
 // A payment's statuses: processing until the processor has answered, then
 // succeeded or failed (with a reason). requires_reconciliation is a payment
 // whose charge got no definite answer within the retry budget: the processor
@@ -274,6 +278,7 @@ func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, princi
 	// The snapshot is the payment as it was read, with the answer: nothing
 	// else of an undecided payment changes (it cannot be refunded yet).
 	p.Status, p.FailureReason = status, reason
+	processorID = database.StorableText(processorID, MaxProcessorTextLength)
 	data, err := events.Data(p)
 	if err != nil {
 		return err

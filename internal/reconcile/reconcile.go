@@ -17,15 +17,19 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/events"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
@@ -45,6 +49,21 @@ type Reconciler struct {
 	Batch int
 	// Events takes the event of each row it decides (webhook deliveries).
 	Events events.Fanout
+	// Log hears every row that could not be settled, at ERROR; nil
+	// discards. Errors, when set, counts them (reconciliation_errors).
+	Log    *slog.Logger
+	Errors metric.Int64Counter
+}
+
+// NewErrorCounter returns the counter of rows a run could not settle,
+// reconciliation_errors_total in Prometheus: any increase wants a look.
+func NewErrorCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
+	c, err := mp.Meter("github.com/payments-reference/idempotent-payments/internal/reconcile").Int64Counter("reconciliation_errors",
+		metric.WithDescription("Payments and refunds a reconciliation run could not settle (the run went on with the others); each is logged at ERROR."))
+	if err != nil {
+		return nil, fmt.Errorf("reconciliation error counter: %w", err)
+	}
+	return c, nil
 }
 
 // Result counts what one run did.
@@ -55,6 +74,9 @@ type Result struct {
 	// Waiting is what stays requires_reconciliation: the processor could not
 	// say this time.
 	Waiting int `json:"waiting"`
+	// Errors is the rows that could not be settled (logged, counted); the
+	// run went on past each.
+	Errors int `json:"errors"`
 }
 
 type candidate struct {
@@ -63,8 +85,12 @@ type candidate struct {
 }
 
 // Run settles every row that qualifies now, up to Batch of each kind. A row
-// the processor cannot answer for is counted as waiting; an error ends the
-// run (the rows already settled stay settled).
+// the processor cannot answer for is counted as waiting. A row that cannot be
+// settled (its answer breaks a constraint, say) is logged at ERROR, counted,
+// and passed over: the rows are taken oldest first, so one bad row that
+// ended the run would stop every tenant's reconciliation behind it for ever.
+// Only a database that cannot be reached ends the run (the rows already
+// settled stay settled).
 func (r *Reconciler) Run(ctx context.Context) (Result, error) {
 	var list []candidate
 	err := r.Pool.WithConn(ctx, func(c database.DBTX) error {
@@ -85,8 +111,19 @@ func (r *Reconciler) Run(ctx context.Context) (Result, error) {
 	var res Result
 	for _, c := range list {
 		status, err := r.settle(ctx, c)
-		if err != nil {
+		if errors.Is(err, database.ErrUnavailable) || ctx.Err() != nil {
 			return res, err
+		}
+		if err != nil {
+			res.Errors++
+			if r.Errors != nil {
+				r.Errors.Add(ctx, 1)
+			}
+			if r.Log != nil {
+				r.Log.Error("reconcile: could not settle a row; going on with the others",
+					"kind", c.kind, "id", c.id, "principal_id", c.principal, "error", err)
+			}
+			continue
 		}
 		res.Examined++
 		switch status { // the same words for payments and refunds
@@ -146,7 +183,9 @@ type Args struct{}
 func (Args) Kind() string { return "reconcile" }
 
 // InsertOpts: one attempt; the next period is the retry.
-func (Args) InsertOpts() river.InsertOpts { return river.InsertOpts{MaxAttempts: 1} }
+func (Args) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: 1, Queue: outbox.QueueMaintenance}
+}
 
 // Worker runs the Reconciler as an outbox job.
 type Worker struct {

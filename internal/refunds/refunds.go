@@ -182,6 +182,7 @@ func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, princi
 	// The snapshot is the refund as it was read, with the answer: nothing
 	// else of a refund changes.
 	r.Status, r.FailureReason = status, reason
+	processorID = database.StorableText(processorID, payments.MaxProcessorTextLength)
 	data, err := events.Data(r)
 	if err != nil {
 		return err

@@ -66,7 +66,7 @@ func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid
 	b.Queue(`
 		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
 		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id),
-		       '`+deliveryKind+`', $3, $4, 'default', 'available'
+		       '`+deliveryKind+`', $3, $4, '`+outbox.QueueWebhooks+`', 'available'
 		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id AND w.status = 'enabled'
 		WHERE e.principal_id = $1 AND w.principal_id = $1 AND e.id = $2`, principal, eventID, len(f.Schedule), meta)
 	return nil

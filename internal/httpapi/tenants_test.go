@@ -1,0 +1,155 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/payments"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/reconcile"
+)
+
+// The noisy neighbour: tenant A's receiver never answers, and A's
+// deliveries hold every webhook worker; tenant B's payment is still
+// charged, while every one of A's attempts is still held. Deliveries and
+// processor calls have queues and workers of their own (outbox.Queue*).
+// With one queue for both, B's charge waited for a worker that only a
+// delivery attempt's end could free: in the run the issue reports, 29.1 s.
+func TestSlowReceiversOfOneTenantDoNotDelayAnothersCharges(t *testing.T) {
+	t.Parallel()
+	// Attempts bounded far beyond the test: nothing ends A's deliveries but
+	// the test itself.
+	b := setup(t, func(o *options) { o.webhookTimeout, o.jobTimeout = 5*time.Minute, 5*time.Minute })
+	a := b.newKey(t, "tenant-a", webhookScopes...)
+	bKey := b.newKey(t, "tenant-b", allScopes...)
+
+	var held, ended atomic.Int32
+	rc := b.receiver(t)
+	release := make(chan struct{})
+	// Registered after the receiver, so it runs before the receiver's
+	// server waits for its handlers to return.
+	t.Cleanup(sync.OnceFunc(func() { close(release) }))
+	rc.before = func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		held.Add(1)
+		defer ended.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return true
+	}
+	b.registerEndpoint(t, a.Secret, rc.srv.URL)
+	for range 2 * webhookWorkers {
+		b.createPayment(t, a.Secret, 1000)
+	}
+	require.Eventually(t, func() bool { return held.Load() == webhookWorkers }, settleWithin, 10*time.Millisecond,
+		"A's deliveries never held every webhook worker")
+
+	b.createPayment(t, bKey.Secret, 1000) // returns once it is charged
+	require.Zero(t, ended.Load(), "B's charge waited until one of A's delivery attempts ended")
+	require.EqualValues(t, webhookWorkers, held.Load(), "A's other deliveries wait for a webhook worker")
+}
+
+// badText is what a processor might answer: longer than any column, with
+// bytes that are not UTF-8 and a NUL among them.
+var badText = strings.Repeat("é", 80) + "\xff\xfe\x00" + strings.Repeat("x", 100)
+
+// A processor's over-long, non-UTF-8, NUL-containing reasons and ids are
+// recorded as the columns can hold them: every payment and refund settles.
+// (Copied as they came, a 121-character decline broke the column's check,
+// the job was discarded, and the payment stayed processing for ever.)
+func TestProcessorsOddAnswersStillSettle(t *testing.T) {
+	t.Parallel()
+	var declineCharges, declineRefunds atomic.Bool
+	b := setup(t, func(o *options) {
+		o.processor = func(sim http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				charge := r.URL.Path == "/v1/charges"
+				refund := r.URL.Path == "/v1/refunds"
+				switch {
+				case r.Method == http.MethodPost && (charge && declineCharges.Load() || refund && declineRefunds.Load()):
+					w.WriteHeader(http.StatusPaymentRequired)
+					_ = json.NewEncoder(w).Encode(map[string]string{"error": badText})
+				case r.Method == http.MethodPost && charge:
+					w.WriteHeader(http.StatusOK)
+					_ = json.NewEncoder(w).Encode(map[string]string{"id": badText})
+				default:
+					sim.ServeHTTP(w, r)
+				}
+			})
+		}
+	})
+	k := b.newKey(t, "acme", allScopes...)
+	charged := b.createPayment(t, k.Secret, 1000) // succeeded, with an odd processor id
+	var processorID string
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT processor_id FROM payments WHERE id = $1`, charged).Scan(&processorID))
+	requireStorable(t, processorID)
+
+	declineRefunds.Store(true)
+	r := b.post(t, "/v1/payments/"+charged+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	refund := b.settled(t, "/v1/refunds/"+decode(t, r.Body)["id"].(string), k.Secret)
+	require.Equal(t, "failed", refund["status"])
+	requireStorable(t, refund["failure_reason"].(string))
+
+	declineCharges.Store(true)
+	r = b.post(t, "/v1/payments", k.Secret, "declined", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	p := b.settled(t, "/v1/payments/"+decode(t, r.Body)["id"].(string), k.Secret)
+	require.Equal(t, "failed", p["status"])
+	requireStorable(t, p["failure_reason"].(string))
+	require.True(t, strings.HasPrefix(p["failure_reason"].(string), "éé"), "the reason is kept, cut: %q", p["failure_reason"])
+}
+
+func requireStorable(t *testing.T, s string) {
+	t.Helper()
+	require.True(t, utf8.ValidString(s), "%q", s)
+	require.NotContains(t, s, "\x00")
+	require.LessOrEqual(t, utf8.RuneCountInString(s), payments.MaxProcessorTextLength)
+}
+
+// A row the reconciler cannot settle is logged at ERROR, counted, and passed
+// over: the rows behind it are settled. (The first error ended each run, and
+// the rows are taken oldest first, so one bad row stopped reconciliation for
+// every tenant for ever.)
+func TestReconcilerGoesOnPastARowItCannotSettle(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxAttempts = 1 })
+	b.sim.SetConfig(processor.SimConfig{DropRate: 1}) // charged, every reply lost
+	k := b.newKey(t, "acme", allScopes...)
+	var ids []string
+	for i := range 2 {
+		r := b.post(t, "/v1/payments", k.Secret, "undecided-"+itoa(i), paymentBody)
+		require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+		id := decode(t, r.Body)["id"].(string)
+		require.Equal(t, "requires_reconciliation", b.settled(t, "/v1/payments/"+id, k.Secret)["status"])
+		ids = append(ids, id)
+	}
+	// The older row cannot be settled: a trigger refuses it.
+	_, err := b.admin.Exec(context.Background(), `
+		CREATE FUNCTION refuse_settle() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'this row cannot be settled'; END $$;
+		CREATE TRIGGER refuse_settle BEFORE UPDATE ON payments FOR EACH ROW
+			WHEN (OLD.id = '`+ids[0]+`') EXECUTE FUNCTION refuse_settle();`)
+	require.NoError(t, err)
+	b.sim.SetConfig(processor.SimConfig{})
+
+	res, err := b.reconciler.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, reconcile.Result{Examined: 1, Succeeded: 1, Errors: 1}, res)
+	require.Equal(t, "requires_reconciliation", decode(t, b.get(t, "/v1/payments/"+ids[0], k.Secret).Body)["status"])
+	require.Equal(t, "succeeded", decode(t, b.get(t, "/v1/payments/"+ids[1], k.Secret).Body)["status"], "the row behind the bad one")
+	require.Contains(t, b.logs.String(), `"level":"ERROR","msg":"reconcile: could not settle a row`)
+	require.Contains(t, b.logs.String(), ids[0])
+	require.EqualValues(t, 1, b.counter(t, "reconciliation_errors"))
+}
