@@ -1334,7 +1334,10 @@ type ClientInterface interface {
 
 	// ListWebhookDeliveries List an endpoint's delivery attempts
 	//
-	// Every attempt to deliver an event to the endpoint, oldest first, a page at a time.
+	// Every attempt to deliver an event to the endpoint whose end the service saw, oldest
+	// first, a page at a time. An attempt cut short by the service's own crash, between
+	// sending the event and recording the answer, is not listed; the event is sent again,
+	// with the same `webhook-id`.
 	//
 	// Corresponds with GET /v1/webhook_endpoints/{id}/deliveries (the `ListWebhookDeliveries` operationId).
 	ListWebhookDeliveries(ctx context.Context, id ResourceID, params *ListWebhookDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1658,7 +1661,10 @@ func (c *RawClient) GetWebhookEndpoint(ctx context.Context, id ResourceID, reqEd
 
 // ListWebhookDeliveries List an endpoint's delivery attempts
 //
-// Every attempt to deliver an event to the endpoint, oldest first, a page at a time.
+// Every attempt to deliver an event to the endpoint whose end the service saw, oldest
+// first, a page at a time. An attempt cut short by the service's own crash, between
+// sending the event and recording the answer, is not listed; the event is sent again,
+// with the same `webhook-id`.
 //
 // Corresponds with GET /v1/webhook_endpoints/{id}/deliveries (the `ListWebhookDeliveries` operationId).
 func (c *RawClient) ListWebhookDeliveries(ctx context.Context, id ResourceID, params *ListWebhookDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2614,7 +2620,10 @@ type ClientWithResponsesInterface interface {
 
 	// ListWebhookDeliveriesWithResponse List an endpoint's delivery attempts
 	//
-	// Every attempt to deliver an event to the endpoint, oldest first, a page at a time.
+	// Every attempt to deliver an event to the endpoint whose end the service saw, oldest
+	// first, a page at a time. An attempt cut short by the service's own crash, between
+	// sending the event and recording the answer, is not listed; the event is sent again,
+	// with the same `webhook-id`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5024,7 +5033,10 @@ func (c *ClientWithResponses) GetWebhookEndpointWithResponse(ctx context.Context
 
 // ListWebhookDeliveriesWithResponse List an endpoint's delivery attempts
 //
-// Every attempt to deliver an event to the endpoint, oldest first, a page at a time.
+// Every attempt to deliver an event to the endpoint whose end the service saw, oldest
+// first, a page at a time. An attempt cut short by the service's own crash, between
+// sending the event and recording the answer, is not listed; the event is sent again,
+// with the same `webhook-id`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
