@@ -228,6 +228,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		URLs:           urls,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
+		RateLimits:     httpapi.RateLimits{PerPrincipal: cfg.RateLimit, PerClient: cfg.RateLimitUnauthenticated},
 		TracerProvider: tel.TracerProvider,
 		MeterProvider:  tel.MeterProvider,
 		Propagator:     tel.Propagator,

@@ -121,6 +121,12 @@ type Config struct {
 	// KeyQuota is the most live idempotency keys per principal; 0 turns
 	// the quota off (IDEMPOTENCY_KEY_QUOTA).
 	KeyQuota int64
+	// RateLimit is the most requests a second of one principal, in this
+	// process (RATE_LIMIT); RateLimitUnauthenticated the most of one client
+	// address before its key is known here (RATE_LIMIT_UNAUTHENTICATED).
+	// 0 turns either off.
+	RateLimit                int
+	RateLimitUnauthenticated int
 	// QuotaRefresh is how long a principal's key count is cached and how
 	// often claim counts are flushed (IDEMPOTENCY_QUOTA_REFRESH).
 	QuotaRefresh time.Duration
@@ -164,45 +170,47 @@ type Config struct {
 // Defaults returns the configuration used when no variable is set.
 func Defaults() Config {
 	return Config{
-		Env:                     EnvDevelopment,
-		Addr:                    ":8080",
-		MetricsAddr:             ":9090",
-		DatabaseURL:             "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateDatabaseURL:      "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
-		MaintenanceDatabaseURL:  "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateOnStart:          true,
-		DBMaxConns:              32,
-		DBAcquireTimeout:        2 * time.Second,
-		LockTimeout:             5 * time.Second,
-		DBIdleInTxTimeout:       10 * time.Second,
-		ProcessorTimeout:        10 * time.Second,
-		OutboxWorkers:           400,
-		WebhookWorkers:          200,
-		OutboxDBMaxConns:        16,
-		OutboxJobTimeout:        30 * time.Second,
-		OutboxRescueAfter:       2 * time.Minute,
-		OutboxMaxAttempts:       15,
-		OutboxRetryBase:         time.Second,
-		OutboxRetryMax:          10 * time.Minute,
-		ProcessorKeyWindow:      24 * time.Hour,
-		ReconcileInterval:       time.Minute,
-		ReconcileGrace:          2 * time.Minute,
-		IdempotencyWindow:       24 * time.Hour,
-		IdempotencyMargin:       time.Hour,
-		MaxBodyBytes:            1 << 20,
-		MaxStoredResponseBytes:  64 << 10,
-		KeyQuota:                1_000_000,
-		QuotaRefresh:            5 * time.Second,
-		SweepInterval:           time.Minute,
-		SweepChunk:              1000,
-		SweepPause:              50 * time.Millisecond,
-		RequestTimeout:          15 * time.Second,
-		BodyTimeout:             10 * time.Second,
-		ShutdownTimeout:         20 * time.Second,
-		LogLevel:                slog.LevelInfo,
-		WebhookSigningKey:       DevelopmentWebhookKey,
-		WebhookAllowPrivateURLs: true, // development: a receiver on this machine
-		WebhookTimeout:          10 * time.Second,
+		Env:                      EnvDevelopment,
+		Addr:                     ":8080",
+		MetricsAddr:              ":9090",
+		DatabaseURL:              "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateDatabaseURL:       "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
+		MaintenanceDatabaseURL:   "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateOnStart:           true,
+		DBMaxConns:               32,
+		DBAcquireTimeout:         2 * time.Second,
+		LockTimeout:              5 * time.Second,
+		DBIdleInTxTimeout:        10 * time.Second,
+		ProcessorTimeout:         10 * time.Second,
+		OutboxWorkers:            400,
+		WebhookWorkers:           200,
+		OutboxDBMaxConns:         16,
+		OutboxJobTimeout:         30 * time.Second,
+		OutboxRescueAfter:        2 * time.Minute,
+		OutboxMaxAttempts:        15,
+		OutboxRetryBase:          time.Second,
+		OutboxRetryMax:           10 * time.Minute,
+		ProcessorKeyWindow:       24 * time.Hour,
+		ReconcileInterval:        time.Minute,
+		ReconcileGrace:           2 * time.Minute,
+		IdempotencyWindow:        24 * time.Hour,
+		IdempotencyMargin:        time.Hour,
+		MaxBodyBytes:             1 << 20,
+		MaxStoredResponseBytes:   64 << 10,
+		KeyQuota:                 1_000_000,
+		RateLimit:                100,
+		RateLimitUnauthenticated: 20,
+		QuotaRefresh:             5 * time.Second,
+		SweepInterval:            time.Minute,
+		SweepChunk:               1000,
+		SweepPause:               50 * time.Millisecond,
+		RequestTimeout:           15 * time.Second,
+		BodyTimeout:              10 * time.Second,
+		ShutdownTimeout:          20 * time.Second,
+		LogLevel:                 slog.LevelInfo,
+		WebhookSigningKey:        DevelopmentWebhookKey,
+		WebhookAllowPrivateURLs:  true, // development: a receiver on this machine
+		WebhookTimeout:           10 * time.Second,
 		WebhookSchedule: []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute,
 			2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour},
 	}
@@ -322,6 +330,8 @@ func Load(getenv func(string) string) (Config, error) {
 	integer("MAX_BODY_BYTES", 1024, 64<<20, func(n int64) { c.MaxBodyBytes = n })
 	integer("MAX_STORED_RESPONSE_BYTES", 1, 16<<20, func(n int64) { c.MaxStoredResponseBytes = int(n) })
 	integer("IDEMPOTENCY_KEY_QUOTA", 0, 1<<50, func(n int64) { c.KeyQuota = n })
+	integer("RATE_LIMIT", 0, 1_000_000, func(n int64) { c.RateLimit = int(n) })
+	integer("RATE_LIMIT_UNAUTHENTICATED", 0, 1_000_000, func(n int64) { c.RateLimitUnauthenticated = int(n) })
 	dur("IDEMPOTENCY_QUOTA_REFRESH", &c.QuotaRefresh, 100*time.Millisecond)
 	dur("SWEEP_INTERVAL", &c.SweepInterval, 0)
 	integer("SWEEP_CHUNK", 1, 100_000, func(n int64) { c.SweepChunk = int(n) })

@@ -47,6 +47,8 @@ type Deps struct {
 	MaxBodyBytes int64
 	// RequestTimeout bounds each request's work.
 	RequestTimeout time.Duration
+	// RateLimits bound each caller's requests a second; zero values, none.
+	RateLimits RateLimits
 	// TracerProvider, MeterProvider and Propagator instrument every request
 	// (server spans and otelhttp's metrics); nil means no telemetry.
 	TracerProvider trace.TracerProvider
@@ -96,7 +98,7 @@ func New(d Deps) http.Handler {
 	r.Get("/readyz", a.readyz)
 	mountDocs(r)
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(authenticate(a.log, auth.NewKeyPrincipals(knownKeys)))
+		r.Use(authenticate(a.log, auth.NewKeyPrincipals(knownKeys), newLimiter(d.RateLimits)))
 		r.Mount("/payments", a.paymentRoutes())
 		r.Mount("/refunds", a.refundRoutes())
 		r.Mount("/events", a.eventRoutes())

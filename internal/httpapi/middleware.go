@@ -205,11 +205,17 @@ func timeout(d time.Duration) func(http.Handler) http.Handler {
 // statement (auth.Credentials), so that checking them costs no round trip
 // of its own. Replays are checked the same way, so a revoked key never sees
 // a stored response. keys tells the credentials their principal when the
-// key was authenticated before (auth.KeyPrincipals).
-func authenticate(log *slog.Logger, keys *auth.KeyPrincipals) func(http.Handler) http.Handler {
+// key was authenticated before (auth.KeyPrincipals). Every request is
+// counted against its rate limit first (limiter), so no caller over it
+// costs the database anything.
+func authenticate(log *slog.Logger, keys *auth.KeyPrincipals, limits *limiter) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			c, err := keys.Parse(r.Header.Get("Authorization"))
+			if !limits.allow(w, r, c, err == nil) {
+				writeError(w, r, log, errRateLimited)
+				return
+			}
 			if err != nil {
 				writeError(w, r, log, err)
 				return

@@ -66,6 +66,7 @@ var (
 	ptNotRefundable    = problemType{"payment-not-refundable", "The payment cannot be refunded", http.StatusUnprocessableEntity}
 	ptProcessing       = problemType{"payment-processing", "The payment is still being charged", http.StatusConflict}
 	ptTooManyEndpoints = problemType{"too-many-webhook-endpoints", "Too many webhook endpoints", http.StatusUnprocessableEntity}
+	ptRateLimited      = problemType{"rate-limited", "Too many requests", http.StatusTooManyRequests}
 	ptQuotaExceeded    = problemType{"idempotency-key-quota-exceeded", "Too many live idempotency keys", http.StatusTooManyRequests}
 	ptInternal         = problemType{"internal-error", "Internal server error", http.StatusInternalServerError}
 	ptUnavailable      = problemType{"service-unavailable", "The service is temporarily unavailable", http.StatusServiceUnavailable}
@@ -117,6 +118,8 @@ func problemFor(err error) Problem {
 		return newProblem(ptKeyReused, "This Idempotency-Key was already used with a different request body or path. Nothing was executed; use a new key for a new request.")
 	case errors.Is(err, refunds.ErrPaymentProcessing):
 		return newProblem(ptProcessing, "The payment's charge is not decided yet (it is processing, or waiting for reconciliation with the processor). Nothing was recorded; retry after the indicated delay with the same Idempotency-Key.").retry(1)
+	case errors.Is(err, errRateLimited):
+		return newProblem(ptRateLimited, "This caller has sent more requests this second than its rate limit allows (see the RateLimit-Policy header). Nothing was executed; retry after the indicated delay with the same Idempotency-Key.").retry(1)
 	case errors.Is(err, idempotency.ErrQuotaExceeded):
 		return newProblem(ptQuotaExceeded, "This principal holds as many live idempotency keys as its quota allows. Existing keys can still be replayed; new ones are accepted again as old ones expire.").retry(60)
 	// Before ErrUnavailable and DeadlineExceeded, which an unknown outcome

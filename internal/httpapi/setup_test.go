@@ -78,6 +78,8 @@ type options struct {
 	urls webhooks.URLPolicy
 	// webhookSchedule is the delivery schedule (testSchedule unless set).
 	webhookSchedule []time.Duration
+	// rateLimits are the API's (none unless set).
+	rateLimits httpapi.RateLimits
 	// processor, when set, wraps the simulator: a test answers some calls
 	// itself, as a real processor might.
 	processor func(sim http.Handler) http.Handler
@@ -272,6 +274,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		Propagator:     propagation.TraceContext{},
 		MaxBodyBytes:   o.maxBodyBytes,
 		RequestTimeout: o.requestTimeout,
+		RateLimits:     o.rateLimits,
 	})
 	b.handler = h
 	b.srv = httptest.NewServer(h)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
@@ -152,4 +153,59 @@ func TestReconcilerGoesOnPastARowItCannotSettle(t *testing.T) {
 	require.Contains(t, b.logs.String(), `"level":"ERROR","msg":"reconcile: could not settle a row`)
 	require.Contains(t, b.logs.String(), ids[0])
 	require.EqualValues(t, 1, b.counter(t, "reconciliation_errors"))
+}
+
+// A burst over a principal's rate limit gets 429 rate-limited with
+// Retry-After and the RateLimit headers, and nothing is stored for those
+// requests; a burst of unknown keys from one address is limited by the
+// address before any of them costs the database a look-up.
+func TestRateLimits(t *testing.T) {
+	t.Parallel()
+	const perPrincipal, perClient = 5, 3
+	b := setup(t, func(o *options) {
+		o.rateLimits = httpapi.RateLimits{PerPrincipal: perPrincipal, PerClient: perClient}
+	})
+	k := b.newKey(t, "acme", allScopes...)
+	// The key's first request is counted as its address's: the key is not
+	// known to the process until it authenticated once.
+	first := b.get(t, "/v1/payments", k.Secret)
+	require.Equal(t, http.StatusOK, first.Status)
+	require.Equal(t, `"client";q=3;w=1`, first.Header.Get("RateLimit-Policy"))
+
+	created, limited := 0, 0
+	for i := range 20 {
+		r := b.post(t, "/v1/payments", k.Secret, "burst-"+itoa(i), paymentBody)
+		switch r.Status {
+		case http.StatusCreated:
+			created++
+		case http.StatusTooManyRequests:
+			limited++
+			requireProblem(t, r, http.StatusTooManyRequests, "rate-limited")
+			require.Equal(t, "1", r.Header.Get("Retry-After"))
+			require.Equal(t, `"principal";q=5;w=1`, r.Header.Get("RateLimit-Policy"))
+			require.Contains(t, r.Header.Get("RateLimit"), `"principal";r=0;t=1`)
+		default:
+			t.Fatalf("burst %d: %d %s", i, r.Status, r.Body)
+		}
+	}
+	// A sliding window: what the previous second admitted counts too, so
+	// at most a limit's worth more may pass at a window's edge.
+	require.Positive(t, created)
+	require.LessOrEqual(t, created, 2*perPrincipal)
+	require.Equal(t, 20, created+limited)
+	require.Equal(t, created, b.count(t, `SELECT count(*) FROM payments`), "nothing stored for a limited request")
+	require.Equal(t, created, b.count(t, `SELECT count(*) FROM idempotency_keys`), "no key consumed by a limited request")
+
+	// Unknown keys, each well-formed: limited by the address.
+	unknown := 0
+	for range 10 {
+		r := b.get(t, "/v1/payments", "sk_test_"+randomSuffix()+randomSuffix())
+		if r.Status == http.StatusTooManyRequests {
+			unknown++
+			requireProblem(t, r, http.StatusTooManyRequests, "rate-limited")
+		} else {
+			require.Equal(t, http.StatusUnauthorized, r.Status)
+		}
+	}
+	require.GreaterOrEqual(t, unknown, 10-2*perClient)
 }
