@@ -952,9 +952,11 @@ type ListEventsParams struct {
 	// the cursor sees every item exactly once, even while others are being created: items
 	// come in the order of the transactions that created them (oldest first), and an item
 	// is listed once every write transaction that began before its own has ended. That is
-	// normally milliseconds; a write transaction left open on the database server (until
-	// the service's `DB_IDLE_IN_TX_TIMEOUT`, 10 s by default, for its own sessions) delays
-	// it. `GET` of the item by its id shows it at once. An empty page means "nothing more
+	// normally milliseconds. A write transaction left open in the service's database delays
+	// it: the service's own end within its `DB_IDLE_IN_TX_TIMEOUT` (10 s) and
+	// `REQUEST_TIMEOUT` (15 s); another client's (a psql session left in `BEGIN`) for as
+	// long as it stays open, which the server reports as `list_horizon_lag_seconds`.
+	// Transactions in the server's other databases do not. `GET` of the item by its id shows it at once. An empty page means "nothing more
 	// yet", not "nothing more ever".
 	StartingAfter *StartingAfter `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
@@ -972,9 +974,11 @@ type ListPaymentsParams struct {
 	// the cursor sees every item exactly once, even while others are being created: items
 	// come in the order of the transactions that created them (oldest first), and an item
 	// is listed once every write transaction that began before its own has ended. That is
-	// normally milliseconds; a write transaction left open on the database server (until
-	// the service's `DB_IDLE_IN_TX_TIMEOUT`, 10 s by default, for its own sessions) delays
-	// it. `GET` of the item by its id shows it at once. An empty page means "nothing more
+	// normally milliseconds. A write transaction left open in the service's database delays
+	// it: the service's own end within its `DB_IDLE_IN_TX_TIMEOUT` (10 s) and
+	// `REQUEST_TIMEOUT` (15 s); another client's (a psql session left in `BEGIN`) for as
+	// long as it stays open, which the server reports as `list_horizon_lag_seconds`.
+	// Transactions in the server's other databases do not. `GET` of the item by its id shows it at once. An empty page means "nothing more
 	// yet", not "nothing more ever".
 	StartingAfter *StartingAfter `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
@@ -1004,9 +1008,11 @@ type ListRefundsParams struct {
 	// the cursor sees every item exactly once, even while others are being created: items
 	// come in the order of the transactions that created them (oldest first), and an item
 	// is listed once every write transaction that began before its own has ended. That is
-	// normally milliseconds; a write transaction left open on the database server (until
-	// the service's `DB_IDLE_IN_TX_TIMEOUT`, 10 s by default, for its own sessions) delays
-	// it. `GET` of the item by its id shows it at once. An empty page means "nothing more
+	// normally milliseconds. A write transaction left open in the service's database delays
+	// it: the service's own end within its `DB_IDLE_IN_TX_TIMEOUT` (10 s) and
+	// `REQUEST_TIMEOUT` (15 s); another client's (a psql session left in `BEGIN`) for as
+	// long as it stays open, which the server reports as `list_horizon_lag_seconds`.
+	// Transactions in the server's other databases do not. `GET` of the item by its id shows it at once. An empty page means "nothing more
 	// yet", not "nothing more ever".
 	StartingAfter *StartingAfter `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
@@ -1060,9 +1066,11 @@ type ListWebhookDeliveriesParams struct {
 	// the cursor sees every item exactly once, even while others are being created: items
 	// come in the order of the transactions that created them (oldest first), and an item
 	// is listed once every write transaction that began before its own has ended. That is
-	// normally milliseconds; a write transaction left open on the database server (until
-	// the service's `DB_IDLE_IN_TX_TIMEOUT`, 10 s by default, for its own sessions) delays
-	// it. `GET` of the item by its id shows it at once. An empty page means "nothing more
+	// normally milliseconds. A write transaction left open in the service's database delays
+	// it: the service's own end within its `DB_IDLE_IN_TX_TIMEOUT` (10 s) and
+	// `REQUEST_TIMEOUT` (15 s); another client's (a psql session left in `BEGIN`) for as
+	// long as it stays open, which the server reports as `list_horizon_lag_seconds`.
+	// Transactions in the server's other databases do not. `GET` of the item by its id shows it at once. An empty page means "nothing more
 	// yet", not "nothing more ever".
 	StartingAfter *StartingAfter `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }

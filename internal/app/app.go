@@ -197,6 +197,9 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 			}
 		}()
 	}
+	if err := database.RegisterListLag(tel.MeterProvider, maint); err != nil {
+		return err
+	}
 	if err := outbox.RegisterMetrics(tel.MeterProvider, maint, 5*time.Second); err != nil {
 		return err
 	}

@@ -112,7 +112,7 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 	rows, err := db.Query(ctx, `
 		SELECT `+columns+` FROM events
 		WHERE principal_id = $1
-		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND xid < (SELECT list_horizon())
 		  AND ($2::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM events c WHERE c.principal_id = $1 AND c.id = $2))
 		ORDER BY xid, id LIMIT $3`, principal, after, limit+1)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
@@ -208,4 +210,36 @@ func TestRateLimits(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, unknown, 10-2*perClient)
+}
+
+// A transaction left open in another database of the server (which can
+// never write these tables) does not hold new payments and events out of
+// the lists: their horizon counts this database's transactions only
+// (list_horizon, migration 17). With the server-wide horizon it did, for
+// as long as the stray transaction stayed open.
+func TestAStrayTransactionElsewhereDoesNotStallTheLists(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", webhookScopes...)
+	elsewhere, err := url.Parse(b.db.AdminURL)
+	require.NoError(t, err)
+	elsewhere.Path = "/postgres"
+	ctx := context.Background()
+	stray, err := pgx.Connect(ctx, elsewhere.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = stray.Close(context.Background()) })
+	tx, err := stray.Begin(ctx)
+	require.NoError(t, err)
+	var xid string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+
+	pay := b.createPayment(t, k.Secret, 1000)
+	page := b.listed(t, "/v1/payments", k.Secret, 1)
+	require.Equal(t, pay, page["data"].([]any)[0].(map[string]any)["id"])
+	b.listed(t, "/v1/events", k.Secret, 1)
+
+	var open bool
+	require.NoError(t, b.admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE backend_xid::text = $1)`, xid).Scan(&open))
+	require.True(t, open, "the stray transaction was open all along")
 }

@@ -258,7 +258,7 @@ func List(ctx context.Context, db database.DBTX, principal, paymentID uuid.UUID,
 	rows, err := db.Query(ctx, `
 		SELECT `+columns+` FROM refunds
 		WHERE principal_id = $1 AND payment_id = $2
-		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND xid < (SELECT list_horizon())
 		  AND ($3::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM refunds c WHERE c.principal_id = $1 AND c.id = $3 AND c.payment_id = $2))
 		ORDER BY xid, id LIMIT $4`,
 		principal, paymentID, after, limit+1)

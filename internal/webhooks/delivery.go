@@ -149,6 +149,12 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	req.Header.Set("webhook-id", ev.ID.String())
 	req.Header.Set("webhook-timestamp", strconv.FormatInt(at.Unix(), 10))
 	req.Header.Set("webhook-signature", sig)
+	// A delivery is safe to repeat (the receiver applies a webhook-id
+	// once), so Go's transport may resend it at once on a keep-alive
+	// connection that the receiver had closed (it restarted, say), rather
+	// than fail the attempt: an Idempotency-Key entry with no value marks
+	// the request so without sending the header.
+	req.Header["Idempotency-Key"] = nil
 
 	start := time.Now()
 	resp, postErr := d.Client.Do(req)

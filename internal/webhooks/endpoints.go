@@ -249,7 +249,7 @@ func ListDeliveries(ctx context.Context, db database.DBTX, principal, endpointID
 		SELECT id, endpoint_id, event_id, attempt, status_code, error, duration_ms, created_at
 		FROM webhook_deliveries
 		WHERE principal_id = $1 AND endpoint_id = $2
-		  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+		  AND xid < (SELECT list_horizon())
 		  AND ($3::uuid IS NULL OR (xid, id) > (SELECT c.xid, c.id FROM webhook_deliveries c WHERE c.principal_id = $1 AND c.id = $3 AND c.endpoint_id = $2))
 		ORDER BY xid, id LIMIT $4`, principal, endpointID, after, limit+1)
 	if err != nil {

@@ -1,0 +1,1 @@
+DROP FUNCTION list_horizon();
