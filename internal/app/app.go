@@ -96,7 +96,8 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if opts.WrapTracer != nil {
 		sqlTracer = opts.WrapTracer(sqlTracer)
 	}
-	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout, Tracer: sqlTracer, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
+	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.DBMaxConns, AcquireTimeout: cfg.DBAcquireTimeout, Tracer: sqlTracer,
+		IdleInTxTimeout: cfg.DBIdleInTxTimeout, CommitTimeout: cfg.DBCommitTimeout, MeterProvider: tel.MeterProvider})
 	if err != nil {
 		return err
 	}

@@ -59,6 +59,9 @@ type Config struct {
 	// idle this long (DB_IDLE_IN_TX_TIMEOUT): the bound on how long a key
 	// stays locked after its holder vanished without closing its connection.
 	DBIdleInTxTimeout time.Duration
+	// DBCommitTimeout bounds a request's COMMIT, which the request cannot
+	// cancel (DB_COMMIT_TIMEOUT; database.PoolConfig.CommitTimeout).
+	DBCommitTimeout time.Duration
 	// ProcessorURL is the payment processor's API (PROCESSOR_URL). Empty runs
 	// the simulator in process, on a loopback port.
 	ProcessorURL string
@@ -181,6 +184,7 @@ func Defaults() Config {
 		DBAcquireTimeout:         2 * time.Second,
 		LockTimeout:              5 * time.Second,
 		DBIdleInTxTimeout:        10 * time.Second,
+		DBCommitTimeout:          3 * time.Second,
 		ProcessorTimeout:         10 * time.Second,
 		OutboxWorkers:            400,
 		WebhookWorkers:           200,
@@ -307,6 +311,10 @@ func Load(getenv func(string) string) (Config, error) {
 	dur("DB_ACQUIRE_TIMEOUT", &c.DBAcquireTimeout, time.Millisecond)
 	dur("LOCK_TIMEOUT", &c.LockTimeout, time.Millisecond)
 	dur("DB_IDLE_IN_TX_TIMEOUT", &c.DBIdleInTxTimeout, 100*time.Millisecond)
+	dur("DB_COMMIT_TIMEOUT", &c.DBCommitTimeout, 100*time.Millisecond)
+	if c.DBCommitTimeout >= 5*time.Second {
+		errs = append(errs, errors.New("DB_COMMIT_TIMEOUT must be under 5s: the response must still be written after it (REQUEST_TIMEOUT + 5s)"))
+	}
 	str("PROCESSOR_URL", &c.ProcessorURL)
 	dur("PROCESSOR_TIMEOUT", &c.ProcessorTimeout, time.Millisecond)
 	dur("PROCESSOR_SIM_LATENCY", &c.Sim.Latency, 0)

@@ -51,6 +51,7 @@ func Settings() []Setting {
 		{"PROCESSOR_SIM_HOLD", duration(d.Sim.Hold), "api processor-sim: how long a held reply waits"},
 		{"RATE_LIMIT", fmt.Sprint(d.RateLimit), "requests a second of one principal, per process; past it 429 with Retry-After (0: off)"},
 		{"RATE_LIMIT_UNAUTHENTICATED", fmt.Sprint(d.RateLimitUnauthenticated), "requests a second of one client address whose key is not known yet (no key, a bad one, a new one), per process (0: off)"},
+		{"DB_COMMIT_TIMEOUT", duration(d.DBCommitTimeout), "bound on a request's COMMIT, which neither the client nor REQUEST_TIMEOUT cancels (under 5s)"},
 		{"OUTBOX_WORKERS", fmt.Sprint(d.OutboxWorkers), "processor jobs worked at once (0: leave them to others); at least payments/s x one charge's p99 time (the processor's latency plus the job's own work)"},
 		{"WEBHOOK_WORKERS", fmt.Sprint(d.WebhookWorkers), "webhook deliveries worked at once, in a queue apart from the processor jobs (0: leave them to others); at least deliveries/s x a receiver's p99 time"},
 		{"OUTBOX_DB_MAX_CONNS", fmt.Sprint(d.OutboxDBMaxConns), "the outbox's own pool; workers hold a connection only for their short transactions"},

@@ -13,12 +13,17 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // ErrUnavailable means the database could not serve the request in time: no
@@ -51,6 +56,17 @@ type PoolConfig struct {
 	// half-open connection: without it that transaction holds its key's row
 	// lock until TCP gives up, hours later.
 	IdleInTxTimeout time.Duration
+	// CommitTimeout bounds a COMMIT (3 s when zero). A COMMIT runs with a
+	// context of its own that the request cannot cancel: cancelled while
+	// it waits for a synchronous standby, it would be committed on the
+	// primary only, and lost by a failover. Keep it below the 5 s the HTTP
+	// server allows past REQUEST_TIMEOUT for writing the response, so that
+	// a COMMIT begun at the request's deadline is still answered (503
+	// outcome-unknown at worst), not cut off.
+	CommitTimeout time.Duration
+	// MeterProvider, when set, counts the COMMITs whose outcome is unknown
+	// (db_commit_outcome_unknown_total).
+	MeterProvider metric.MeterProvider
 }
 
 // Server-side TCP settings for every session, so PostgreSQL notices a peer
@@ -71,7 +87,19 @@ var serverTCPParams = map[string]string{
 type Pool struct {
 	pool           *pgxpool.Pool
 	acquireTimeout time.Duration
+	commitTimeout  time.Duration
+	unknown        metric.Int64Counter
+	// syncRepCancelled holds the connections (*pgconn.PgConn) that heard
+	// PostgreSQL's warning that a COMMIT's wait for the synchronous standby
+	// was cancelled: committed here, perhaps not on the standby.
+	syncRepCancelled sync.Map
 }
+
+// syncRepWarning begins the WARNING a COMMIT gets when its wait for a
+// synchronous standby is cancelled (a cancel request, a statement timeout):
+// "The transaction has already committed locally, but might not have been
+// replicated to the standby."
+const syncRepWarning = "canceling wait for synchronous replication"
 
 // Open creates a pool. It does not connect: the first request does, so the
 // service starts (and answers /healthz) while the database is down.
@@ -105,11 +133,27 @@ func Open(ctx context.Context, url string, cfg PoolConfig) (*Pool, error) {
 		encodeUUIDsAsBytes(c.TypeMap())
 		return nil
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
+	p := &Pool{acquireTimeout: cfg.AcquireTimeout, commitTimeout: cfg.CommitTimeout}
+	if p.commitTimeout == 0 {
+		p.commitTimeout = 3 * time.Second
+	}
+	pc.ConnConfig.OnNotice = func(c *pgconn.PgConn, n *pgconn.Notice) {
+		if strings.HasPrefix(n.Message, syncRepWarning) {
+			p.syncRepCancelled.Store(c, true)
+		}
+	}
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	if p.unknown, err = mp.Meter("github.com/payments-reference/idempotent-payments/internal/database").Int64Counter("db_commit_outcome_unknown",
+		metric.WithDescription("COMMITs whose outcome the service could not learn, by reason: connection_lost (no answer came), sync_replication (committed on the primary, its wait for the synchronous standby cancelled). Each was answered 503 outcome-unknown.")); err != nil {
+		return nil, fmt.Errorf("commit counter: %w", err)
+	}
+	if p.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)
 	}
-	return &Pool{pool: pool, acquireTimeout: cfg.AcquireTimeout}, nil
+	return p, nil
 }
 
 // Close closes every connection.
@@ -248,12 +292,29 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 		// store code inside fn only says which statement failed.
 		return Classify(err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	// The COMMIT runs to its answer whatever happens to the request: a
+	// client that went away, or a request out of time, must not cancel it
+	// halfway (context.WithoutCancel); its own timeout bounds it.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pool.commitTimeout)
+	defer cancel()
+	err = tx.Commit(cctx)
+	if _, cancelled := pool.syncRepCancelled.LoadAndDelete(conn.Conn().PgConn()); cancelled && err == nil && !opts.ReadOnly {
+		// Committed here, maybe not on the standby: a failover now would
+		// lose it, and the client's retry would execute again. Not a
+		// success to report.
+		pool.unknown.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "sync_replication")))
+		return fmt.Errorf("commit: %w: %s", ErrOutcomeUnknown, syncRepWarning)
+	}
+	if err != nil {
 		dropIfStandby(conn, err)
 		if opts.ReadOnly {
 			return fmt.Errorf("commit: %w", Classify(err))
 		}
-		return fmt.Errorf("commit: %w", classifyCommit(err))
+		err = classifyCommit(err)
+		if errors.Is(err, ErrOutcomeUnknown) {
+			pool.unknown.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "connection_lost")))
+		}
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
@@ -148,4 +150,89 @@ func TestWriteOnAStandbyIsUnavailable(t *testing.T) {
 	})
 	require.ErrorIs(t, err, database.ErrUnavailable)
 	require.NotErrorIs(t, err, database.ErrOutcomeUnknown)
+}
+
+// slowCommit makes the test database's COMMITs of a row in slow_commit
+// take a second (a deferred trigger sleeps in them), or say what a COMMIT
+// whose wait for a synchronous standby was cancelled says.
+func slowCommit(t *testing.T, adminURL, body string) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, adminURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `
+		CREATE TABLE slow_commit (id int);
+		GRANT INSERT, SELECT ON slow_commit TO payments_app;
+		CREATE FUNCTION at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN `+body+`; RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON slow_commit DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION at_commit();`)
+	require.NoError(t, err)
+}
+
+// A request that goes away while its COMMIT runs does not cancel it: the
+// COMMIT finishes, and its transaction is committed. (Cancelled halfway, a
+// COMMIT waiting for a synchronous standby stays committed on the primary
+// only, and a failover loses it.)
+func TestCommitOutlivesItsRequest(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, 4)
+	slowCommit(t, db.AdminURL, `PERFORM pg_sleep(1)`)
+	pool, err := database.Open(context.Background(), db.AppURL, database.PoolConfig{MaxConns: 1, AcquireTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = database.InTx(ctx, pool, database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO slow_commit VALUES (1)`)
+		return err
+	})
+	require.NoError(t, err, "the COMMIT ran to its end after the request's deadline")
+	var n int
+	require.NoError(t, pool.WithConn(context.Background(), func(c database.DBTX) error {
+		return c.QueryRow(context.Background(), `SELECT count(*) FROM slow_commit`).Scan(&n)
+	}))
+	require.Equal(t, 1, n)
+}
+
+// A COMMIT that PostgreSQL answers with "canceling wait for synchronous
+// replication" is committed on the primary, perhaps not on the standby: an
+// unknown outcome, counted, never a success.
+func TestCommitWithoutTheStandbyIsAnUnknownOutcome(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t, 4)
+	// What PostgreSQL says, raised at COMMIT by the trigger.
+	slowCommit(t, db.AdminURL, `RAISE WARNING 'canceling wait for synchronous replication due to user request'`)
+	reader := sdkmetric.NewManualReader()
+	pool, err := database.Open(context.Background(), db.AppURL, database.PoolConfig{MaxConns: 1, AcquireTimeout: 10 * time.Second,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+	err = database.InTx(ctx, pool, database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO slow_commit VALUES (1)`)
+		return err
+	})
+	require.ErrorIs(t, err, database.ErrOutcomeUnknown)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	var counted int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "db_commit_outcome_unknown" {
+				for _, p := range d.DataPoints {
+					if r, _ := p.Attributes.Value("reason"); r.AsString() == "sync_replication" {
+						counted += p.Value
+					}
+				}
+			}
+		}
+	}
+	require.EqualValues(t, 1, counted)
+
+	// The next transaction on the connection is not taken for one.
+	require.NoError(t, database.InTx(ctx, pool, database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT 1`)
+		return err
+	}))
 }
