@@ -138,7 +138,7 @@ func (r *rig) requireChargedOnce(ids []string, bound time.Duration) {
 	require.Zero(r.t, twice, "payments charged more than once")
 	require.Zero(r.t, mismatch, "payments whose status disagrees with the processor")
 	for _, id := range ids {
-		require.Equal(r.t, 1, r.sim.Effects(id), "payment %s", id)
+		require.Equal(r.t, 1, r.sim.EffectsFor(id), "payment %s", id)
 	}
 	var succeeded int
 	require.NoError(r.t, r.admin.QueryRow(ctx, `SELECT count(*) FROM payments WHERE status = 'succeeded'`).Scan(&succeeded))
@@ -159,7 +159,7 @@ func TestCrashBetweenCommitAndCharge(t *testing.T) {
 		"the workers never called the processor")
 	r.api.kill9()
 	for _, id := range ids {
-		require.Zero(t, r.sim.Effects(id), "charged before the crash: the test did not crash in between")
+		require.Zero(t, r.sim.EffectsFor(id), "charged before the crash: the test did not crash in between")
 	}
 	r.sim.SetConfig(processor.SimConfig{})
 	require.NoError(t, r.api.start(context.Background()))
@@ -182,7 +182,7 @@ func TestCrashBetweenChargeAndRecord(t *testing.T) {
 	r.api.kill9()
 	var charged int
 	for _, id := range ids {
-		charged += r.sim.Effects(id)
+		charged += r.sim.EffectsFor(id)
 	}
 	require.Positive(t, charged, "nothing was charged before the crash: the test did not crash in between")
 	var recorded int

@@ -29,10 +29,10 @@ func seed(t *testing.T, db testdb.DB) (a, b uuid.UUID) {
 	for _, p := range []uuid.UUID{a, b} {
 		pay := uuid.New()
 		_, err := admin.Exec(ctx, `
-			INSERT INTO payments (id, principal_id, amount, currency, status, created_at) VALUES ($1, $2, 1000, 'usd', 'succeeded', now());
+			INSERT INTO payments (id, principal_id, amount, currency, status, created_at, processor_key) VALUES ($1, $2, 1000, 'usd', 'succeeded', now(), gen_random_uuid()::text);
 			`, pay, p)
 		require.NoError(t, err)
-		_, err = admin.Exec(ctx, `INSERT INTO refunds (id, principal_id, payment_id, amount, currency, status, created_at) VALUES ($1, $2, $3, 100, 'usd', 'succeeded', now())`, uuid.New(), p, pay)
+		_, err = admin.Exec(ctx, `INSERT INTO refunds (id, principal_id, payment_id, amount, currency, status, created_at, processor_key, charge_key) VALUES ($1, $2, $3, 100, 'usd', 'succeeded', now(), gen_random_uuid()::text, gen_random_uuid()::text)`, uuid.New(), p, pay)
 		require.NoError(t, err)
 		_, err = admin.Exec(ctx, `INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, response_status, response_body, correlation_id, expires_at)
 			VALUES ($1, 'POST /v1/payments', 'shared', 'completed', sha256(''), 201, 'secret response', 'req', now() + interval '1 day')`, p)
@@ -152,7 +152,7 @@ func TestOnePrincipalCannotTouchAnothersRows(t *testing.T) {
 		require.Zero(t, tag.RowsAffected())
 
 		// Writing rows in another principal's name is refused outright.
-		requireRefused(t, tx, `INSERT INTO payments (id, principal_id, amount, currency, status, created_at) VALUES ($1, $2, 1, 'usd', 'succeeded', now())`, uuid.New(), b)
+		requireRefused(t, tx, `INSERT INTO payments (id, principal_id, amount, currency, status, created_at, processor_key) VALUES ($1, $2, 1, 'usd', 'succeeded', now(), gen_random_uuid()::text)`, uuid.New(), b)
 		requireRefused(t, tx, `UPDATE payments SET principal_id = $1`, b)
 		requireRefused(t, tx, `INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, expires_at)
 			VALUES ($1, 'POST /v1/payments', 'new', 'in_progress', sha256(''), 'req', now() + interval '1 day')

@@ -101,14 +101,19 @@ func TestConnectionToAStandbyIsDropped(t *testing.T) {
 	require.NotEqual(t, before, backend(), "the connection that met 25006 went back to the pool")
 }
 
-// The request's time running out while the server commits leaves the
+// The COMMIT's own bound running out while the server commits leaves the
 // outcome unknown. Here it did not commit: giving up, pgx sends a cancel
 // request, which stops the deferred trigger. A cancel that arrives once the
 // commit record is written changes nothing, and the client cannot tell the
-// two apart, so the label must be "unknown" either way.
+// two apart, so the label must be "unknown" either way. (The request's own
+// deadline no longer cancels a COMMIT: TestCommitOutlivesItsRequest.)
 func TestTimeoutDuringCommitIsOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	pool := openPool(t)
+	db := testdb.New(t, 4)
+	pool, err := database.Open(context.Background(), db.OwnerURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: 10 * time.Second,
+		CommitTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	ctx := context.Background()
 	require.NoError(t, database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
@@ -118,10 +123,8 @@ func TestTimeoutDuringCommitIsOutcomeUnknown(t *testing.T) {
 		return err
 	}))
 
-	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	err := database.InTenantTx(rctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
-		_, err := tx.Exec(rctx, `INSERT INTO t VALUES (1)`)
+	err = database.InTenantTx(ctx, pool, uuid.New(), database.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO t VALUES (1)`)
 		return err
 	})
 	require.ErrorIs(t, err, database.ErrOutcomeUnknown)

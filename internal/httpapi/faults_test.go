@@ -134,6 +134,10 @@ func TestVanishedHolderFreesTheKeyWithinTheBound(t *testing.T) {
 		o.noWorkers = true // only the request's COMMIT goes through the proxy
 		o.idleInTx = idleInTx
 		o.requestTimeout = time.Second
+		// The COMMIT lost on the way is given up well within the idle
+		// bound, so that retries meet the key it holds (the default 3 s
+		// would end with the bound).
+		o.commitTimeout = 500 * time.Millisecond
 		o.lockTimeout = 300 * time.Millisecond
 	})
 	k := b.newKey(t, "acme", allScopes...)

@@ -38,7 +38,8 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, w.Batch, a.outbox, w.Principal, origin(w), in, a.livemode, w.Now)
+			p, err := payments.Create(ctx, w.Batch, a.outbox, payments.CreateParams{Principal: w.Principal, Origin: origin(w), New: in,
+				Live: a.livemode, Now: w.Now, ProcessorKey: w.Intent})
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}

@@ -46,7 +46,7 @@ func TestAnUnknownOutcomeWaitsForReconciliation(t *testing.T) {
 			got := b.settled(t, "/v1/payments/"+id, k.Secret)
 			require.Equal(t, "requires_reconciliation", got["status"], "an unknown outcome on the last attempt is not a failure")
 			require.Nil(t, got["failure_reason"])
-			require.Equal(t, tc.effects, b.sim.Effects(id))
+			require.Equal(t, tc.effects, b.sim.EffectsFor(id))
 			requireProblem(t, b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`),
 				http.StatusConflict, "payment-processing")
 			require.EqualValues(t, 1, b.gauge(t, "reconciliation_waiting"))
@@ -65,7 +65,7 @@ func TestAnUnknownOutcomeWaitsForReconciliation(t *testing.T) {
 			got = decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)
 			require.Equal(t, tc.status, got["status"])
 			require.Equal(t, tc.reason, got["failure_reason"])
-			require.Equal(t, tc.effects, b.sim.Effects(id), "reconciling never charges")
+			require.Equal(t, tc.effects, b.sim.EffectsFor(id), "reconciling never charges")
 			var processorID *string
 			require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT processor_id FROM payments WHERE id = $1`, id).Scan(&processorID))
 			require.Equal(t, tc.processor, processorID != nil)
@@ -105,7 +105,7 @@ func TestAnUnknownRefundKeepsItsAmountCounted(t *testing.T) {
 	require.Equal(t, reconcile.Result{Examined: 1, Succeeded: 1}, res)
 	require.Equal(t, "succeeded", decode(t, b.get(t, "/v1/refunds/"+refund, k.Secret).Body)["status"])
 	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"])
-	require.Equal(t, 1, b.sim.Effects(refund))
+	require.Equal(t, 1, b.sim.EffectsFor(refund))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`), "the refused refund recorded nothing")
 }
 
@@ -128,7 +128,7 @@ func TestAPaymentWhoseJobEndedUndecidedIsReconciled(t *testing.T) {
 		return b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'charge_payment' AND state = 'discarded'`) == 1
 	}, settleWithin, 20*time.Millisecond, "the job was never discarded")
 	require.Equal(t, "processing", decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)["status"])
-	require.Equal(t, 1, b.sim.Effects(id), "the processor charged; the answer was never recorded")
+	require.Equal(t, 1, b.sim.EffectsFor(id), "the processor charged; the answer was never recorded")
 
 	_, err = b.admin.Exec(ctx, `GRANT UPDATE (status) ON payments TO payments_app`)
 	require.NoError(t, err)
@@ -203,4 +203,48 @@ func (b *testBundle) counter(t *testing.T, name string) int64 {
 		}
 	}
 	return total
+}
+
+// A payment whose commit is lost after its charge went out (a lossy
+// failover takes the payment, its key and its job) is made again by the
+// client's retry, under a new id, and the processor is asked with the same
+// key: the client's intent, not the payment's id. It answers with the
+// first charge; the customer is charged once. With the payment's id as the
+// key, the retry was a second charge.
+func TestARetryOfALostPaymentIsNotChargedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	first := b.post(t, "/v1/payments", k.Secret, "lost-order", paymentBody)
+	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+	lost := decode(t, first.Body)["id"].(string)
+	require.Equal(t, "succeeded", b.settled(t, "/v1/payments/"+lost, k.Secret)["status"])
+	require.Equal(t, 1, b.sim.EffectsFor(lost))
+
+	// The failover: everything the payment's commit wrote is gone.
+	for _, sql := range []string{
+		`DELETE FROM events WHERE data->'object'->>'id' = $1`,
+		`DELETE FROM payments WHERE id = $1::uuid`,
+		`DELETE FROM idempotency_keys WHERE key = 'lost-order' AND $1 <> ''`,
+		`DELETE FROM river_job WHERE args->>'payment_id' = $1`,
+	} {
+		_, err := b.admin.Exec(context.Background(), sql, lost)
+		require.NoError(t, err)
+	}
+
+	retry := b.post(t, "/v1/payments", k.Secret, "lost-order", paymentBody)
+	require.Equal(t, http.StatusCreated, retry.Status, "%s", retry.Body)
+	again := decode(t, retry.Body)["id"].(string)
+	require.NotEqual(t, lost, again, "the retry executed again: the first payment is gone")
+	require.Equal(t, "succeeded", b.settled(t, "/v1/payments/"+again, k.Secret)["status"])
+	require.Equal(t, b.sim.KeyFor(lost), b.sim.KeyFor(again), "one intent, one processor key")
+	require.Equal(t, 1, b.sim.EffectsFor(again), "the processor answered with the first charge")
+
+	// Another intent under another key is another charge.
+	other := b.post(t, "/v1/payments", k.Secret, "another-order", paymentBody)
+	require.Equal(t, http.StatusCreated, other.Status, "%s", other.Body)
+	otherID := decode(t, other.Body)["id"].(string)
+	require.Equal(t, "succeeded", b.settled(t, "/v1/payments/"+otherID, k.Secret)["status"])
+	require.NotEqual(t, b.sim.KeyFor(lost), b.sim.KeyFor(otherID))
+	require.Equal(t, 1, b.sim.EffectsFor(otherID))
 }

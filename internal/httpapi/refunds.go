@@ -46,7 +46,8 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
 			// A payment of another principal is invisible here (row-level
 			// security): the error rolls back the claim and the caller gets 404.
-			refund, err := refunds.Request(ctx, w.Tx, w.Batch, a.outbox, w.Principal, origin(w), paymentID, in, w.Now)
+			refund, err := refunds.Request(ctx, w.Tx, w.Batch, a.outbox, refunds.RequestParams{Principal: w.Principal, Origin: origin(w),
+				PaymentID: paymentID, New: in, Now: w.Now, ProcessorKey: w.Intent})
 			var exceeds *refunds.ExceedsError
 			switch {
 			case errors.As(err, &exceeds):

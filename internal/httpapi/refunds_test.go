@@ -246,7 +246,7 @@ func TestRefundTheProcessorRefusesGivesItsAmountBack(t *testing.T) {
 	// processor refuses to refund it.
 	id := uuid.Must(uuid.NewV7())
 	_, err := b.admin.Exec(context.Background(), `
-		INSERT INTO payments (id, principal_id, amount, currency, status, created_at) VALUES ($1, $2, 1000, 'eur', 'succeeded', now())`,
+		INSERT INTO payments (id, principal_id, amount, currency, status, created_at, processor_key) VALUES ($1, $2, 1000, 'eur', 'succeeded', now(), gen_random_uuid()::text)`,
 		id, k.PrincipalID)
 	require.NoError(t, err)
 
@@ -261,7 +261,7 @@ func TestRefundTheProcessorRefusesGivesItsAmountBack(t *testing.T) {
 	require.Equal(t, "failed", got["status"])
 	require.Equal(t, "processor_rejected", got["failure_reason"])
 	require.EqualValues(t, 0, decode(t, b.get(t, "/v1/payments/"+id.String(), k.Secret).Body)["amount_refunded"], "given back")
-	require.Zero(t, b.sim.Effects(refund["id"].(string)))
+	require.Zero(t, b.sim.EffectsFor(refund["id"].(string)))
 }
 
 // A refund of a payment that is still being charged is refused for now (409,

@@ -54,6 +54,7 @@ type options struct {
 	databaseURL    string // overrides the test database's service-role URL
 	requestTimeout time.Duration
 	idleInTx       time.Duration // the pool's IdleInTxTimeout
+	commitTimeout  time.Duration // the pool's CommitTimeout (its default unless set)
 	// faultProxy puts a faultproxy.Proxy between the service pool and the
 	// database, as testBundle.proxy.
 	faultProxy bool
@@ -177,7 +178,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	if o.partitioned {
 		partitionByPrincipal(t, b.db.AdminURL)
 	}
-	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout,
+	pool, err := database.Open(ctx, url, database.PoolConfig{MaxConns: o.maxConns, AcquireTimeout: o.acquireTimeout, CommitTimeout: o.commitTimeout,
 		Tracer: tracer, IdleInTxTimeout: o.idleInTx})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

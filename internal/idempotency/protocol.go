@@ -175,7 +175,8 @@ func (e *Executor) allowNew(ctx context.Context, tx pgx.Tx, principal uuid.UUID)
 // response travel in one round trip.
 func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principal uuid.UUID, now time.Time, op Operation, res *Result) error {
 	b := &pgx.Batch{}
-	out, err := op.Execute(ctx, Work{Tx: tx, Batch: b, Now: now, Principal: principal, RequestID: req.RequestID, Key: req.Key})
+	out, err := op.Execute(ctx, Work{Tx: tx, Batch: b, Now: now, Principal: principal, RequestID: req.RequestID, Key: req.Key,
+		Intent: IntentKey(principal, req.Scope, req.Fingerprint)})
 	if err != nil {
 		return err
 	}

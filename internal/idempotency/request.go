@@ -3,11 +3,14 @@ package idempotency
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/google/uuid"
 )
 
 // MaxKeyLength is the longest accepted Idempotency-Key.
@@ -122,4 +125,27 @@ func Fingerprint(method, path string, canonicalBody []byte) []byte {
 	h.Write([]byte{0})
 	h.Write(canonicalBody)
 	return h.Sum(nil)
+}
+
+// IntentKey names a client's intent by what survives a lost commit: the
+// principal, the scope (the route and the client's Idempotency-Key) and the
+// request's fingerprint. A payment row, and its id, can vanish with its
+// commit (a lossy failover); the client's retry, with the same key and the
+// same request, names the same intent, so a processor call keyed by it is
+// answered with the first charge instead of making a second. Within the
+// retry window a different request under the key is refused (422) before
+// anything runs; after it, a different request is a different intent and
+// key, while the same request again is taken for the same intent: the
+// processor, within its own key window, answers with the first charge
+// (docs/external-effects.md, "The processor's key"). A fork that changes
+// the fingerprint changes every key: keep Fingerprint as it is for requests
+// already made.
+func IntentKey(principal uuid.UUID, s Scope, fingerprint []byte) string {
+	h := sha256.New()
+	h.Write(principal[:])
+	for _, part := range []string{s.Endpoint, s.Key} {
+		fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	h.Write(fingerprint)
+	return "intent_" + hex.EncodeToString(h.Sum(nil))
 }

@@ -84,6 +84,11 @@ type Work struct {
 	// RequestID and Key name the request that executes: what a resource
 	// it creates records as its origin (its events name it).
 	RequestID, Key string
+	// Intent names the client's intent (IntentKey): the same for every
+	// retry of this request, whether or not an earlier attempt's commit
+	// survived. It is the idempotency key of the external call the
+	// operation causes (a processor's charge).
+	Intent string
 }
 
 // Request is one attempt to run an Operation under a key.

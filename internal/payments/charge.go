@@ -41,7 +41,7 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 		Load:    func(b *pgx.Batch, p *Payment) { QueueGet(b, job.Args.Principal, job.Args.PaymentID, p) },
 		Pending: func(p Payment) bool { return p.Status == StatusProcessing },
 		Call: func(ctx context.Context, p Payment, last bool) (func(*pgx.Batch) error, error) {
-			res, err := w.Processor.Charge(ctx, processor.Charge{Key: p.ID.String(), Amount: p.Amount, Currency: p.Currency})
+			res, err := w.Processor.Charge(ctx, processor.Charge{Key: p.ProcessorKey, Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
 			status, reason := Decision(err, last)
 			if status == "" {
 				return nil, fmt.Errorf("charge payment %s: %w", p.ID, err)

@@ -11,7 +11,6 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
@@ -53,7 +52,7 @@ func BenchmarkOutbox(b *testing.B) {
 				for pb.Next() {
 					err := database.InTenantTx(ctx, pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
 						batch := &pgx.Batch{}
-						if _, err := payments.Create(ctx, batch, bc.jobs, principal, events.Request{}, in, false, time.Now()); err != nil {
+						if _, err := payments.Create(ctx, batch, bc.jobs, payments.CreateParams{Principal: principal, New: in, Now: time.Now(), ProcessorKey: uuid.NewString()}); err != nil {
 							return err
 						}
 						return tx.SendBatch(ctx, batch).Close()

@@ -73,6 +73,9 @@ type Payment struct {
 	// money moved. It never changes.
 	Livemode  bool      `json:"livemode"`
 	CreatedAt time.Time `json:"created_at"`
+	// ProcessorKey is the charge's idempotency key at the processor (the
+	// client's intent, CreateParams.ProcessorKey); never shown to clients.
+	ProcessorKey string `json:"-"`
 }
 
 // Refundable returns what can still be refunded.
@@ -132,30 +135,47 @@ func (n NewPayment) Validate() error {
 	return c.Err()
 }
 
-// Create records a validated payment for principal, and the job that will
-// charge it, by queueing both on b, a batch of the request's transaction:
-// they commit with it or neither does. now is that transaction's now(), the
-// payment's created_at. live says whether the processor that will charge it
-// moves real money (Payment.Livemode). req is the request that creates it,
-// named by the payment's events.
-func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, principal uuid.UUID, req events.Request, n NewPayment, live bool, now time.Time) (Payment, error) {
+// CreateParams is a payment to create.
+type CreateParams struct {
+	Principal uuid.UUID
+	// Origin is the request that creates it, named by its events.
+	Origin events.Request
+	// New is the client's validated request.
+	New NewPayment
+	// Live says whether the processor that will charge it moves real money
+	// (Payment.Livemode).
+	Live bool
+	// Now is the request transaction's now(), the payment's created_at.
+	Now time.Time
+	// ProcessorKey is the charge's idempotency key at the processor: the
+	// client's intent (idempotency.Work.Intent), not the payment's id,
+	// which a lost commit takes with it (docs/external-effects.md).
+	ProcessorKey string
+}
+
+// Create records a validated payment, and the job that will charge it, by
+// queueing both on b, a batch of the request's transaction: they commit
+// with it or neither does.
+func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, c CreateParams) (Payment, error) {
+	n, principal, req := c.New, c.Principal, c.Origin
 	p := Payment{
-		Livemode:    live,
-		ID:          uuid.Must(uuid.NewV7()), // time-ordered: new rows land at the right edge of the primary key index
-		Amount:      *n.Amount,
-		Currency:    strings.ToLower(n.Currency),
-		Status:      StatusProcessing,
-		Description: n.Description,
-		Metadata:    n.Metadata,
-		CreatedAt:   now,
+		Livemode:     c.Live,
+		ID:           uuid.Must(uuid.NewV7()), // time-ordered: new rows land at the right edge of the primary key index
+		Amount:       *n.Amount,
+		Currency:     strings.ToLower(n.Currency),
+		Status:       StatusProcessing,
+		Description:  n.Description,
+		Metadata:     n.Metadata,
+		CreatedAt:    c.Now,
+		ProcessorKey: c.ProcessorKey,
 	}
 	if p.Metadata == nil {
 		p.Metadata = map[string]string{}
 	}
 	b.Queue(`
-		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at, request_id, idempotency_key)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.ID, req.IdempotencyKey)
+		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at, request_id, idempotency_key, processor_key)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.ID, req.IdempotencyKey, p.ProcessorKey)
 	if err := jobs.Queue(ctx, b, ChargeArgs{PaymentID: p.ID, Principal: principal}); err != nil {
 		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
 	}
@@ -181,7 +201,7 @@ func GetForUpdate(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID) (Paym
 }
 
 const getSQL = `
-	SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
+	SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at, processor_key
 	FROM payments WHERE principal_id = $1 AND id = $2`
 
 func get(ctx context.Context, db database.DBTX, principal, id uuid.UUID, lock string) (Payment, error) {
@@ -199,7 +219,7 @@ func QueueGet(b *pgx.Batch, principal, id uuid.UUID, p *Payment) {
 
 func scanOne(row pgx.Row) (Payment, error) {
 	var p Payment
-	err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt)
+	err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt, &p.ProcessorKey)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
 	}
@@ -223,7 +243,7 @@ const ListLimit = 100
 // begun before them have ended, milliseconds later.
 func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uuid.UUID, limit int) ([]Payment, bool, error) {
 	rows, err := db.Query(ctx, `
-		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at
+		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at, processor_key
 		FROM payments
 		WHERE principal_id = $1
 		  AND xid < (SELECT list_horizon())

@@ -17,18 +17,26 @@ import (
 
 // Charge asks the processor to take Amount (minor units) in Currency.
 type Charge struct {
-	Key      string `json:"-"` // the processor's idempotency key: the payment id
+	// Key is the processor's idempotency key: the client's intent, which
+	// a lost commit does not change (payments.CreateParams.ProcessorKey).
+	Key      string `json:"-"`
 	Amount   int64  `json:"amount"`
 	Currency string `json:"currency"`
+	// Reference is the merchant's reference of the call, the payment's id,
+	// for the processor's records. A retry of a payment whose commit was
+	// lost sends the same key with a new reference: a processor must not
+	// take the reference as part of what the key's first call asked.
+	Reference string `json:"reference"`
 }
 
 // Refund asks the processor to give back Amount of the charge made with
 // ChargeKey.
 type Refund struct {
-	Key       string `json:"-"` // the refund id
+	Key       string `json:"-"` // the client's intent, as a charge's
 	ChargeKey string `json:"charge"`
 	Amount    int64  `json:"amount"`
 	Currency  string `json:"currency"`
+	Reference string `json:"reference"` // the refund's id, as a charge's
 }
 
 // Result is the processor's record of a charge or refund.

@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -48,6 +49,7 @@ type Simulator struct {
 	records map[string]*record
 	charges map[string]*record // succeeded charges by key, for refunds
 	effects map[string]int     // key -> times money moved
+	keyOf   map[string]string  // reference (a payment's or refund's id) -> the key it was sent with
 	calls   int
 	waiting int // requests in their Latency, not yet processed
 	holding int // requests processed, their reply held or not yet sent
@@ -64,7 +66,7 @@ type record struct {
 // NewSimulator returns a simulator with cfg's switches.
 func NewSimulator(cfg SimConfig) *Simulator {
 	return &Simulator{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		records: map[string]*record{}, charges: map[string]*record{}, effects: map[string]int{}}
+		records: map[string]*record{}, charges: map[string]*record{}, effects: map[string]int{}, keyOf: map[string]string{}}
 }
 
 // SetConfig changes the switches; requests already waiting keep the old ones.
@@ -80,6 +82,25 @@ func (s *Simulator) Effects(key string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.effects[key]
+}
+
+// EffectsFor returns how many times money moved for the key that reference
+// (a payment's or refund's id) was sent with: 0 if it never was.
+func (s *Simulator) EffectsFor(reference string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key, ok := s.keyOf[reference]
+	if !ok {
+		return 0
+	}
+	return s.effects[key]
+}
+
+// KeyFor returns the key that reference was sent with, "" if none was.
+func (s *Simulator) KeyFor(reference string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.keyOf[reference]
 }
 
 // Waiting is how many requests are in their Latency: not processed yet.
@@ -173,9 +194,21 @@ func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 		Currency string `json:"currency"`
 		Charge   string `json:"charge"`
 	}
-	if key == "" || json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&in) != nil || in.Amount <= 0 {
+	var ref struct {
+		Reference string `json:"reference"`
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
+	if key == "" || err != nil || json.Unmarshal(body, &in) != nil || json.Unmarshal(body, &ref) != nil || in.Amount <= 0 {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_request"})
 		return
+	}
+	// The reference is the merchant's note, not part of what the key asks
+	// (params, below, leaves it out): a retry of a payment whose commit was
+	// lost comes with the same key and a new payment id.
+	if ref.Reference != "" {
+		s.mu.Lock()
+		s.keyOf[ref.Reference] = key
+		s.mu.Unlock()
 	}
 	s.mu.Lock()
 	cfg := s.cfg

@@ -146,11 +146,27 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	if c.kind == "refund" {
 		op = processor.OpRefund
 	}
+	// The processor knows the row by its processor key (the client's
+	// intent, or the id for rows from before migration 18): read it first.
+	var key string
+	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+		if c.kind == "payment" {
+			p, err := payments.Get(ctx, tx, c.principal, c.id)
+			key = p.ProcessorKey
+			return err
+		}
+		rf, err := refunds.Get(ctx, tx, c.principal, c.id)
+		key = rf.ProcessorKey
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("reconcile %s %s: read it: %w", c.kind, c.id, err)
+	}
 	// A lookup is never retried within a run: "cannot say" leaves the row
 	// waiting for the next one (last = true makes it requires_reconciliation).
-	res, lookupErr := r.Processor.Lookup(ctx, op, c.id.String())
+	res, lookupErr := r.Processor.Lookup(ctx, op, key)
 	var status string
-	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
+	err = database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
 		if c.kind == "payment" {
 			p, err := payments.Get(ctx, tx, c.principal, c.id)
 			if err != nil {

@@ -84,6 +84,11 @@ type Refund struct {
 	// Livemode is the payment's: false when no money moves.
 	Livemode  bool      `json:"livemode"`
 	CreatedAt time.Time `json:"created_at"`
+	// ProcessorKey is the refund's idempotency key at the processor (the
+	// client's intent); ChargeKey its payment's, the charge it gives back.
+	// Neither is shown to clients.
+	ProcessorKey string `json:"-"`
+	ChargeKey    string `json:"-"`
 }
 
 // NewRefund is a request to refund a payment. Amount nil means everything
@@ -91,6 +96,20 @@ type Refund struct {
 type NewRefund struct {
 	Amount *int64  `json:"amount"`
 	Reason *string `json:"reason"`
+}
+
+// RequestParams is a refund to request.
+type RequestParams struct {
+	Principal uuid.UUID
+	// Origin is the request that makes the refund, named by its events.
+	Origin    events.Request
+	PaymentID uuid.UUID
+	New       NewRefund
+	// Now is the request transaction's now(), the refund's created_at.
+	Now time.Time
+	// ProcessorKey is the refund's idempotency key at the processor: the
+	// client's intent (idempotency.Work.Intent).
+	ProcessorKey string
 }
 
 // Validate checks the fields that can be checked without the payment.
@@ -112,8 +131,9 @@ func (n NewRefund) Validate() error {
 // included, took. It returns *ExceedsError when the amount (by default, all
 // that remains) is more than remains, ErrPaymentFailed or ErrPaymentProcessing
 // for a payment that cannot be refunded (now), and payments.ErrNotFound.
-// req is the request that makes the refund, named by its events.
-func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, principal uuid.UUID, req events.Request, paymentID uuid.UUID, n NewRefund, now time.Time) (Refund, error) {
+// c.Origin is the request that makes the refund, named by its events.
+func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, c RequestParams) (Refund, error) {
+	principal, req, paymentID, n, now := c.Principal, c.Origin, c.PaymentID, c.New, c.Now
 	p, err := payments.GetForUpdate(ctx, tx, principal, paymentID)
 	if err != nil {
 		return Refund{}, err
@@ -140,13 +160,17 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, p
 		Status:    StatusPending,
 		Livemode:  p.Livemode,
 		CreatedAt: now,
+		// Keyed by the client's intent, as a charge is; it gives back the
+		// charge made with the payment's key.
+		ProcessorKey: c.ProcessorKey,
+		ChargeKey:    p.ProcessorKey,
 	}
 	// Checked under the payment's lock, the writes need nothing more from
 	// the database: they travel in one round trip, with the response.
 	b.Queue(`
-		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey)
+		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key, processor_key, charge_key)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey)
 	payments.QueueAddRefunded(b, principal, p.ID, r.Amount)
 	if err := jobs.Queue(ctx, b, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
 		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
@@ -228,11 +252,11 @@ func QueueGet(b *pgx.Batch, principal, id uuid.UUID, r *Refund) {
 	})
 }
 
-const columns = `id, payment_id, amount, currency, reason, status, failure_reason, livemode, created_at`
+const columns = `id, payment_id, amount, currency, reason, status, failure_reason, livemode, created_at, processor_key, charge_key`
 
 func scan(row pgx.Row) (Refund, error) {
 	var r Refund
-	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.FailureReason, &r.Livemode, &r.CreatedAt)
+	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.FailureReason, &r.Livemode, &r.CreatedAt, &r.ProcessorKey, &r.ChargeKey)
 	return r, err
 }
 

@@ -19,7 +19,6 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
@@ -202,7 +201,7 @@ func (l *Lab) pay(ctx context.Context, e *idempotency.Executor, principal caller
 	in := payments.NewPayment{Amount: &amount, Currency: "usd", Metadata: map[string]string{"intent": key}}
 	return e.Do(ctx, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, w.Batch, l.jobs, w.Principal, events.Request{}, in, false, w.Now)
+			p, err := payments.Create(ctx, w.Batch, l.jobs, payments.CreateParams{Principal: w.Principal, New: in, Now: w.Now, ProcessorKey: w.Intent})
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
