@@ -34,7 +34,7 @@ INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, c
 SELECT state, fingerprint, response_status, coalesce(response_content_type, ''), coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '') FROM idempotency_keys WHERE principal_id = '{{PRINCIPAL}}' AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND expires_at >= now();
 \endpipeline
 \startpipeline
-INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, created_at) VALUES (gen_random_uuid(), '{{PRINCIPAL}}', :amount, 'usd', 'succeeded', 'load test', '{"order": "1"}', now());
+INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, created_at, processor_key) VALUES (gen_random_uuid(), '{{PRINCIPAL}}', :amount, 'usd', 'succeeded', 'load test', '{"order": "1"}', now(), 'intent_' || encode(sha256(('pgbench' || :client_id || '-' || :k)::bytea), 'hex'));
 UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_content_type = 'application/json', response_body = convert_to('{{BODY}}', 'UTF8'), response_ref = NULL WHERE principal_id = '{{PRINCIPAL}}' AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND state = 'in_progress';
 \endpipeline
 END;
