@@ -184,6 +184,7 @@ func (p *Pool) WithConn(ctx context.Context, fn func(DBTX) error) error {
 	}
 	defer conn.Release()
 	err = fn(conn)
+	p.heardSyncRepCancel(conn) // an autocommit statement's: cleared, as a batch's
 	dropIfStandby(conn, err)
 	return Classify(err)
 }
@@ -297,8 +298,9 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 	// halfway (context.WithoutCancel); its own timeout bounds it.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pool.commitTimeout)
 	defer cancel()
+	pool.heardSyncRepCancel(conn) // only this COMMIT's warning counts
 	err = tx.Commit(cctx)
-	if _, cancelled := pool.syncRepCancelled.LoadAndDelete(conn.Conn().PgConn()); cancelled && err == nil && !opts.ReadOnly {
+	if pool.heardSyncRepCancel(conn) && err == nil && !opts.ReadOnly {
 		// Committed here, maybe not on the standby: a failover now would
 		// lose it, and the client's retry would execute again. Not a
 		// success to report.
@@ -349,8 +351,20 @@ func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func
 	// and the failed transaction stays open: pgxpool closes a connection
 	// released in a transaction, so none goes back to the pool in one.
 	err = conn.SendBatch(ctx, b).Close()
+	// A batch is repeated by its job, which a processor key makes safe; a
+	// warning heard here is only cleared, so that it is never taken for a
+	// later COMMIT's on this connection.
+	pool.heardSyncRepCancel(conn)
 	dropIfStandby(conn, err)
 	return Classify(err)
+}
+
+// heardSyncRepCancel reports whether conn heard, since the last call for it,
+// that a COMMIT's wait for the synchronous standby was cancelled, and forgets
+// it.
+func (p *Pool) heardSyncRepCancel(conn *pgxpool.Conn) bool {
+	_, heard := p.syncRepCancelled.LoadAndDelete(conn.Conn().PgConn())
+	return heard
 }
 
 // classifyCommit tells a COMMIT that certainly did not happen from one whose

@@ -50,8 +50,8 @@ type Queuer interface {
 }
 
 // Writer queues processor jobs (QueueProcessor) as one plain INSERT into
-// River's table, so the job
-// travels in the same round trip as the row it acts on (River's InsertTx
+// River's table, so the job travels in the same round trip as the row it
+// acts on (River's InsertTx
 // would be a round trip of its own). River works a row inserted this way
 // like one of its own: the workers poll for available jobs (PollOnly), so
 // nothing needs notifying, and River's other clients insert by SQL too.

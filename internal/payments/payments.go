@@ -4,9 +4,10 @@
 // refunded.
 //
 // A payment is created `processing` in the request's transaction, together
-// with an outbox job; the job charges the processor with the payment's id as
-// the processor's idempotency key and records `succeeded` or `failed` in one
-// transaction with the job's completion.
+// with an outbox job; the job charges the processor with the client's intent
+// (Payment.ProcessorKey, not the payment's id, which a lost commit takes with
+// it) as the processor's idempotency key and records `succeeded` or `failed`
+// in one transaction with the job's completion.
 package payments
 
 import (

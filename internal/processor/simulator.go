@@ -3,7 +3,6 @@ package processor
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -189,25 +188,25 @@ func drawLatency(rng *rand.Rand, cfg SimConfig) time.Duration {
 
 func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 	key := r.Header.Get("Idempotency-Key")
-	var in struct {
+	// What the key asks, compared on a repeat; the reference is the
+	// merchant's note beside it, left out: a retry of a payment whose commit
+	// was lost comes with the same key and a new payment id.
+	type asked struct {
 		Amount   int64  `json:"amount"`
 		Currency string `json:"currency"`
 		Charge   string `json:"charge"`
 	}
-	var ref struct {
+	var in struct {
+		asked
 		Reference string `json:"reference"`
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
-	if key == "" || err != nil || json.Unmarshal(body, &in) != nil || json.Unmarshal(body, &ref) != nil || in.Amount <= 0 {
+	if key == "" || json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&in) != nil || in.Amount <= 0 {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_request"})
 		return
 	}
-	// The reference is the merchant's note, not part of what the key asks
-	// (params, below, leaves it out): a retry of a payment whose commit was
-	// lost comes with the same key and a new payment id.
-	if ref.Reference != "" {
+	if in.Reference != "" {
 		s.mu.Lock()
-		s.keyOf[ref.Reference] = key
+		s.keyOf[in.Reference] = key
 		s.mu.Unlock()
 	}
 	s.mu.Lock()
@@ -231,7 +230,7 @@ func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "unavailable"})
 		return
 	}
-	params, _ := json.Marshal(in)
+	params, _ := json.Marshal(in.asked)
 	rec, seen := s.records[key]
 	switch {
 	case seen && rec.params != string(params):

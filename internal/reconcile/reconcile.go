@@ -147,15 +147,23 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 		op = processor.OpRefund
 	}
 	// The processor knows the row by its processor key (the client's
-	// intent, or the id for rows from before migration 18): read it first.
-	var key string
+	// intent, or the id for rows from before migration 18): read the row
+	// first. What is read is what the settle records beside the answer;
+	// nothing else of an undecided row changes meanwhile, and the settle's
+	// UPDATE moves it only if it is still undecided.
+	var (
+		p   payments.Payment
+		rf  refunds.Refund
+		key string
+	)
 	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
+		var err error
 		if c.kind == "payment" {
-			p, err := payments.Get(ctx, tx, c.principal, c.id)
+			p, err = payments.Get(ctx, tx, c.principal, c.id)
 			key = p.ProcessorKey
 			return err
 		}
-		rf, err := refunds.Get(ctx, tx, c.principal, c.id)
+		rf, err = refunds.Get(ctx, tx, c.principal, c.id)
 		key = rf.ProcessorKey
 		return err
 	})
@@ -165,25 +173,15 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	// A lookup is never retried within a run: "cannot say" leaves the row
 	// waiting for the next one (last = true makes it requires_reconciliation).
 	res, lookupErr := r.Processor.Lookup(ctx, op, key)
-	var status string
+	// The same words for payments and refunds.
+	status, reason := payments.Decision(lookupErr, true)
 	err = database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
+		var err error
 		if c.kind == "payment" {
-			p, err := payments.Get(ctx, tx, c.principal, c.id)
-			if err != nil {
-				return err
-			}
-			var reason *string
-			status, reason = payments.Decision(lookupErr, true)
 			_, err = payments.Settle(ctx, tx, r.Events, c.principal, p, status, reason, res.ID)
-			return err
+		} else {
+			_, err = refunds.Settle(ctx, tx, r.Events, c.principal, rf, status, reason, res.ID)
 		}
-		rf, err := refunds.Get(ctx, tx, c.principal, c.id)
-		if err != nil {
-			return err
-		}
-		var reason *string
-		status, reason = payments.Decision(lookupErr, true) // the same words for refunds
-		_, err = refunds.Settle(ctx, tx, r.Events, c.principal, rf, status, reason, res.ID)
 		return err
 	})
 	if err != nil {

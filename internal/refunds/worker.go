@@ -25,7 +25,8 @@ type Args struct {
 // Kind names the job in River's table.
 func (Args) Kind() string { return "refund_payment" }
 
-// Worker sends a pending refund to the processor, keyed by the refund's id,
+// Worker sends a pending refund to the processor, keyed by the client's
+// intent (Refund.ProcessorKey) and naming its charge by the payment's key,
 // and records the answer with the job's completion (outbox.Perform), as
 // payments.ChargeWorker does for charges; Settle gives a failed refund's
 // amount back.
