@@ -113,7 +113,7 @@ type callOptions struct {
 	hook func(Attempt)
 }
 
-// WithIdempotencyKey sends key instead of a new random one. Use it when the
+// WithIdempotencyKey sends key instead of a new one. Use it when the
 // intent outlives the call: a key stored with the order before the first
 // attempt, or the key of a RetryError, lets a later call (after a crash, say)
 // learn what the first one did instead of doing it again.
@@ -123,8 +123,15 @@ func WithIdempotencyKey(key string) CallOption { return func(o *callOptions) { o
 // client's own hook: to read a response header, say.
 func OnAttempt(hook func(Attempt)) CallOption { return func(o *callOptions) { o.hook = hook } }
 
-// NewIdempotencyKey makes a key for a new intent.
-func NewIdempotencyKey() string { return uuid.NewString() }
+// NewIdempotencyKey makes a key for a new intent: a UUIDv7, whose first 48
+// bits are the time it was made. The server's unique index then takes each
+// new key at the right edge of the caller's part of it, which stays in
+// memory however large the table grows; a random key lands on any page and,
+// past the size where the index fits in memory, reads one in from disk and
+// writes a full-page image of it to the WAL (docs/idempotency.md, "What a
+// client must do"). Its other 74 bits are random: no one guesses it, and a key
+// only ever means something within its own principal's scope.
+func NewIdempotencyKey() string { return uuid.Must(uuid.NewV7()).String() }
 
 // CreatePayment creates one payment for this intent, however many attempts
 // it takes. The payment is processing until the processor answers; read its

@@ -228,3 +228,18 @@ func TestACutShort2xxIsRetriedWithTheSameKey(t *testing.T) {
 	require.Equal(t, keys[0], re.Key)
 	require.ErrorContains(t, re.Last, "decode 201 response")
 }
+
+// A new key is time-ordered (UUIDv7): keys made later sort after earlier
+// ones, so the server's unique index takes them at its right edge.
+func TestNewIdempotencyKeyIsTimeOrdered(t *testing.T) {
+	t.Parallel()
+	prev := client.NewIdempotencyKey()
+	for range 1000 {
+		k := client.NewIdempotencyKey()
+		u, err := uuid.Parse(k)
+		require.NoError(t, err)
+		require.Equal(t, uuid.Version(7), u.Version())
+		require.Greater(t, k, prev)
+		prev = k
+	}
+}

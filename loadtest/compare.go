@@ -70,16 +70,20 @@ func (c Comparison) String() string {
 	return fmt.Sprintf("%s = %.2f (range %.2f-%.2f over %d rounds)", c.Name, c.Median, c.Min, c.Max, len(c.Ratios))
 }
 
-// compareDesigns measures, at the first stage's size, ours against the same
-// payment without idempotency (the baseline), against the peer (the key in
-// Redis) and against pgbench running the service's SQL: -repeats rounds of
-// ours, baseline, peer, pgbench, each run -compare-duration long after its
-// warm-up, with the outbox drained before each.
+// compareDesigns measures, at the first stage's size, ours against replays
+// of its own keys, against the same payment without idempotency (the
+// baseline), against the peer (the key in Redis) and against pgbench running
+// the service's SQL: -repeats rounds of
+// ours, replays alone, baseline, peer, pgbench, each run -compare-duration
+// long after its warm-up, with the outbox drained before each.
 func compareDesigns(ctx context.Context, cfg config, res *Results, d *driver, clients []client,
 	warmUp func(path, label string) error, drain func(after string) error, progress io.Writer) error {
 	baseline := Comparison{Name: "idempotent/baseline", Target: 0.85}
 	peer := Comparison{Name: "ours/peer"}
 	bench := Comparison{Name: "service/pgbench"}
+	// replay/new: a run of nothing but retries of the keys the rounds
+	// stored, against the round's new payments, in requests per second.
+	replay := Comparison{Name: "replay/new", Target: 2.5}
 	var withoutJob []float64
 	measure := func(path, label string, replays float64) (Stage, error) {
 		if err := warmUp(path, label+" warm-up"); err != nil {
@@ -99,6 +103,16 @@ func compareDesigns(ctx context.Context, cfg config, res *Results, d *driver, cl
 		if err != nil {
 			return err
 		}
+		// The replays run once the outbox has charged the new payments, as
+		// each stage's replays-alone run does.
+		if err := drain("idempotent" + tag); err != nil {
+			return err
+		}
+		r, err := measure("/v1/payments", "replays alone"+tag, 1)
+		if err != nil {
+			return err
+		}
+		replay.add(r.RPS, ours.RPS)
 		if cfg.baseline {
 			b, err := measure(designs.BaselinePath, "baseline (no idempotency)"+tag, 0)
 			if err != nil {
@@ -133,13 +147,13 @@ func compareDesigns(ctx context.Context, cfg config, res *Results, d *driver, cl
 				withoutJob = append(withoutJob, without)
 			}
 		}
-		fmt.Fprintf(progress, "round %d/%d: idempotent %.0f req/s; %s\n", round, cfg.repeats, ours.RPS, roundSummary(baseline, peer, bench))
+		fmt.Fprintf(progress, "round %d/%d: idempotent %.0f req/s; %s\n", round, cfg.repeats, ours.RPS, roundSummary(baseline, replay, peer, bench))
 	}
 	res.IdempotentRPS, _, _ = spread(baseline.Ours)
 	if len(baseline.Ours) == 0 {
 		res.IdempotentRPS, _, _ = spread(peer.Ours)
 	}
-	for _, c := range []Comparison{baseline, peer, bench} {
+	for _, c := range []Comparison{baseline, replay, peer, bench} {
 		if len(c.Ratios) > 0 {
 			res.Comparisons = append(res.Comparisons, c)
 		}

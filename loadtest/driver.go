@@ -192,7 +192,7 @@ func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays 
 		order := strconv.FormatUint(uint64(rng.Uint32()), 10)
 		req = sent{
 			client: rng.IntN(len(dr.clients)),
-			key:    uuid.NewString(),
+			key:    dr.newKey(),
 			payment: paymentsclient.NewPayment{Amount: 1 + rng.Int64N(100000), Currency: "usd",
 				Description: &loadTestDescription, Metadata: &map[string]string{"order": order}},
 		}
@@ -214,6 +214,16 @@ func (dr *driver) one(ctx context.Context, path string, rng *rand.Rand, replays 
 		dr.mu.Unlock()
 	}
 	return s
+}
+
+// newKey is a new Idempotency-Key of the run's shape: random (UUIDv4), or
+// time-ordered (UUIDv7), whose claims land at the right edge of each
+// principal's part of the unique index.
+func (dr *driver) newKey() string {
+	if dr.cfg.keyShape == keyShapeTimeOrdered {
+		return uuid.Must(uuid.NewV7()).String()
+	}
+	return uuid.NewString()
 }
 
 // loadTestDescription marks the load test's payments.

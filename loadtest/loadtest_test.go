@@ -94,7 +94,7 @@ func TestSmoke(t *testing.T) {
 		require.NotEmpty(t, res.Notes, "pgbench skipped without saying why")
 	} else {
 		require.Positive(t, res.PgbenchWithoutJobTPS)
-		require.Len(t, res.Comparisons, 3, "baseline, peer and pgbench")
+		require.Len(t, res.Comparisons, 4, "baseline, replay, peer and pgbench")
 		for _, c := range res.Comparisons {
 			require.Len(t, c.Ratios, 2, "%s: one ratio per round", c.Name)
 		}
@@ -224,8 +224,20 @@ func TestANoisyRunReportsNoFindings(t *testing.T) {
 	t.Parallel()
 	res := &Results{BaselineRPS: 500, IdempotentRPS: 565, OverheadRatio: 1.13, Cores: 2}
 	require.NotContains(t, report(res), "Not findings")
+	c := Comparison{Name: "idempotent/baseline", Target: 0.85}
+	c.add(90, 100)
+	res.Comparisons = []Comparison{c}
+	res.Stages = []Stage{{TableRows: 1694, ClaimP99: 31.2}, {TableRows: 202_000, ClaimP99: 18.4}}
+	require.Contains(t, report(res), "**met**")
+	require.Contains(t, report(res), "Claim p99 at 202k rows is 0.59x")
 	res.LoadBefore, res.Noisy = 9.3, true
-	require.Contains(t, report(res), "**Not findings: the machine was busy with other work when the run began (load average 9.3 on 2 cores)")
+	busy := report(res)
+	require.Contains(t, busy, "**Not findings: the machine was busy with other work when the run began (load average 9.3 on 2 cores)")
+	require.Contains(t, busy, "**BUSY MACHINE (load 9.3 on 2 cores): not a finding.**")
+	require.NotContains(t, busy, "**met**", "no verdict on a busy machine")
+	require.Contains(t, busy, "not judged (busy machine)")
+	require.NotContains(t, busy, "0.59x", "no ratio stated as a finding")
+	require.NotContains(t, busy, "map[")
 }
 
 func TestParseLatency(t *testing.T) {

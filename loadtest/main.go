@@ -5,11 +5,16 @@
 //
 //	go run ./loadtest                                    # small default, about 4 minutes on 2 cores
 //	go run ./loadtest -sizes 0,1000000,10000000 -duration 30s -concurrency 16
+//	go run ./loadtest -curve -memory 384MB                # the curve and its knee, about 9 minutes
 //
 // It builds and starts the API (cmd/api) on a loopback port, or targets one
 // given with -api-url, bulk-loads the key table with COPY before each stage,
-// and writes results.json, report.md, latency.png and outbox.png to -out.
-// -replot DIR rewrites DIR's report and plots from its results.json. It only ever
+// and writes results.json, report.md, latency.png and outbox.png to -out
+// (default loadtest-results). -curve measures the claim's curve against the
+// table's size instead (curve.go), and -memory runs it on a PostgreSQL of its
+// own inside a memory limit.
+// -replot DIR rewrites DIR's report and plots from its results.json (or its
+// curve.json). It only ever
 // sends traffic to loopback addresses, and every loop is bounded in time.
 package main
 
@@ -42,6 +47,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.curve {
+		if err := runCurve(ctx, cfg, progressTo(os.Stderr)); err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	res, err := run(ctx, cfg, progressTo(os.Stderr))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
@@ -81,7 +93,31 @@ type config struct {
 	walCompression                        []string      // per stage, cycling: the server's wal_compression ("" leaves it)
 	repeats                               int           // interleaved rounds of the design comparisons
 	compareDuration                       time.Duration // each design's run in a round
+	keyShape                              string        // the driver's new keys: keyShapeRandom or keyShapeTimeOrdered
+	// The curve (curve.go): the key shapes measured one after the other,
+	// the measured windows per size, PostgreSQL's memory limit (0: the
+	// server at -database-url as it is), and the payment rate whose steady
+	// state the report places against that memory.
+	curve     bool
+	keyShapes []string
+	windows   int
+	memory    int64
+	sweepRate float64
 }
+
+// The shapes of Idempotency-Key a client can send.
+const (
+	keyShapeRandom      = "v4" // UUIDv4: anywhere in the index
+	keyShapeTimeOrdered = "v7" // UUIDv7: a millisecond timestamp first
+)
+
+// curveSizes are the curve's default table sizes: a logarithmic scale that,
+// within -memory 384MB, passes the size where the unique index no longer
+// fits (about 2.5M rows, docs/performance.md).
+const curveSizes = "0,100000,300000,1000000,3000000,6000000"
+
+// curveRate is the curve's default open-loop rate, requests per second.
+const curveRate = 100
 
 // adminConns is the load test's own pool: one connection loads, one reads
 // the table's statistics.
@@ -119,8 +155,48 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.repeats, "repeats", 3, "interleaved rounds of ours, baseline, peer and pgbench at the first stage's size, for the ratios' median and range")
 	fs.DurationVar(&c.compareDuration, "compare-duration", 0, "each design's run in a round (default: -duration / 3, at least 3s)")
 	fs.DurationVar(&c.drain, "drain", time.Minute, "longest wait for the outbox to finish a run's charges; what is left is reported")
+	fs.BoolVar(&c.curve, "curve", false, "measure the curve instead: claim p50/p99 against the table's size, per key shape, in -windows windows per size (curve.md, curve.png); -sizes defaults to "+curveSizes)
+	fs.StringVar(&c.keyShape, "key-shape", keyShapeRandom, "the Idempotency-Keys clients send: v4 (random) or v7 (time-ordered)")
+	keyShapes := fs.String("key-shapes", keyShapeRandom+","+keyShapeTimeOrdered, "with -curve: the key shapes to measure, one table each")
+	fs.IntVar(&c.windows, "windows", 4, "with -curve: measured windows per size (of -duration / windows each), for the p99's spread")
+	memory := fs.String("memory", "", "with -curve: start a PostgreSQL of the load test's own inside this memory limit, page cache included (e.g. 384MB; Linux, as root or with systemd; scripts/limited-postgres), instead of using -database-url")
+	fs.Float64Var(&c.sweepRate, "sweep-rate", 100, "with -curve: the new payments per second whose steady-state key table (rate x 24 h window) the report places against the memory")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.curve && !set["sizes"] {
+		*sizes = curveSizes
+	}
+	if c.curve && !set["rate"] {
+		// Below what the machine sustains, so that the claim's p99 is its
+		// own cost, not the wait for a core.
+		c.rate = curveRate
+	}
+	if c.curve && !set["duration"] {
+		c.duration = 20 * time.Second
+	}
+	if *memory != "" {
+		if !c.curve {
+			return config{}, fmt.Errorf("-memory is a setting of -curve")
+		}
+		n, err := parseBytes(*memory)
+		if err != nil {
+			return config{}, fmt.Errorf("-memory: %w", err)
+		}
+		c.memory = n
+	}
+	for _, v := range append([]string{c.keyShape}, strings.Split(*keyShapes, ",")...) {
+		if v = strings.TrimSpace(v); v != keyShapeRandom && v != keyShapeTimeOrdered {
+			return config{}, fmt.Errorf("key shape %q is not v4 or v7", v)
+		}
+	}
+	for _, v := range strings.Split(*keyShapes, ",") {
+		c.keyShapes = append(c.keyShapes, strings.TrimSpace(v))
+	}
+	if c.windows < 1 || c.sweepRate <= 0 {
+		return config{}, fmt.Errorf("-windows must be at least 1 and -sweep-rate above 0")
 	}
 	if *walCompression != "" {
 		for _, v := range strings.Split(*walCompression, ",") {

@@ -378,8 +378,8 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			st.Errors["replay "+k] += v
 		}
 		res.Stages = append(res.Stages, st)
-		fmt.Fprintf(progress, "\r%s: %.0f req/s, request p99 %.2f ms, claim p99 %.2f ms, HOT %.0f%%, replays alone %.0f req/s (p99 %.2f ms), errors %v\n",
-			label, st.RPS, st.RequestP99, st.ClaimP99, 100*st.HotRatio, st.ReplayOnlyRPS, st.ReplayOnlyP99, st.Errors)
+		fmt.Fprintf(progress, "\r%s (measured at %s rows): %.0f req/s, request p99 %.2f ms, claim p99 %.2f ms, HOT %.0f%%, replays alone %.0f req/s (p99 %.2f ms), errors: %s\n",
+			label, humanCount(st.TableRows), st.RPS, st.RequestP99, st.ClaimP99, 100*st.HotRatio, st.ReplayOnlyRPS, st.ReplayOnlyP99, errorsString(st.Errors))
 		fmt.Fprintf(progress, "%s: outbox charged %.0f/s (charged/accepted %.2f), charge lag p50 %.2f s p99 %.2f s, peak backlog %d, %d left after the drain\n",
 			label, st.OutboxCompletedPerSec, st.ChargedToAccepted, st.ChargeLagP50, st.ChargeLagP99, st.PeakBacklog, st.ChargesLeft)
 
