@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -487,11 +486,7 @@ func (cv *Curve) shape(s string) []Point {
 
 // writeCurve writes curve.json, curve.md and curve.png to dir.
 func writeCurve(dir string, cv *Curve) error {
-	b, err := json.MarshalIndent(cv, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "curve.json"), append(b, '\n'), 0o644); err != nil {
+	if err := writeJSON(filepath.Join(dir, "curve.json"), cv); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "curve.md"), []byte(curveReport(cv)), 0o644); err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"image/color"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -11,8 +10,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 )
 
 // busyBanner heads every figure and table of a run that shared the machine.
@@ -249,23 +246,7 @@ func plotCurve(path string, cv *Curve) error {
 			rows, row = append(rows, row), nil
 		}
 	}
-	img := vgimg.NewWith(vgimg.UseWH(11*vg.Inch, 11*vg.Inch), vgimg.UseDPI(144))
-	tiles := draw.Tiles{Rows: len(rows), Cols: 2, PadX: vg.Millimeter * 8, PadY: vg.Millimeter * 8, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
-	canvases := plot.Align(rows, tiles, draw.New(img))
-	for i := range rows {
-		for j := range rows[i] {
-			rows[i][j].Draw(canvases[i][j])
-		}
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writePNG(path, rows, 11*vg.Inch, 11*vg.Inch)
 }
 
 // maxRows is the largest size measured.

@@ -55,11 +55,7 @@ func replot(dir string) error {
 }
 
 func writeOutputs(dir string, res *Results) error {
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
+	if err := writeJSON(filepath.Join(dir, "results.json"), res); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(report(res)), 0o644); err != nil {
@@ -132,9 +128,13 @@ func plotOutbox(path string, res *Results) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	w, h := 9*vg.Inch, vg.Length(len(rows))*3*vg.Inch
+	return writePNG(path, rows, 9*vg.Inch, vg.Length(len(rows))*3*vg.Inch)
+}
+
+// writePNG draws rows of panels, two to a row, aligned, into a PNG of w x h.
+func writePNG(path string, rows [][]*plot.Plot, w, h vg.Length) error {
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(144))
-	tiles := draw.Tiles{Rows: len(rows), Cols: 2, PadX: vg.Millimeter * 8, PadY: vg.Millimeter * 6, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+	tiles := draw.Tiles{Rows: len(rows), Cols: 2, PadX: vg.Millimeter * 8, PadY: vg.Millimeter * 8, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
 	canvases := plot.Align(rows, tiles, draw.New(img))
 	for i := range rows {
 		for j := range rows[i] {
@@ -150,6 +150,15 @@ func plotOutbox(path string, res *Results) error {
 		return err
 	}
 	return f.Close()
+}
+
+// writeJSON writes v, indented, to path.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 func report(res *Results) string {
@@ -295,24 +304,7 @@ func plotLatency(path string, res *Results) error {
 		bannerTitle(claim, res.LoadBefore, res.Cores)
 		bannerTitle(request, res.LoadBefore, res.Cores)
 	}
-	const w, h = 9 * vg.Inch, 3.6 * vg.Inch
-	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(144))
-	dc := draw.New(img)
-	plots := [][]*plot.Plot{{claim, request}}
-	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Millimeter * 8, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
-	canvases := plot.Align(plots, tiles, dc)
-	for j := range plots[0] {
-		plots[0][j].Draw(canvases[0][j])
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writePNG(path, [][]*plot.Plot{{claim, request}}, 9*vg.Inch, 3.6*vg.Inch)
 }
 
 // latencyPanel plots p50 and p99 of one latency against table rows.
