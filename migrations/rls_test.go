@@ -32,7 +32,7 @@ func seed(t *testing.T, db testdb.DB) (a, b uuid.UUID) {
 			INSERT INTO payments (id, principal_id, amount, currency, status, created_at, processor_key) VALUES ($1, $2, 1000, 'usd', 'succeeded', now(), gen_random_uuid()::text);
 			`, pay, p)
 		require.NoError(t, err)
-		_, err = admin.Exec(ctx, `INSERT INTO refunds (id, principal_id, payment_id, amount, currency, status, created_at, processor_key, charge_key) VALUES ($1, $2, $3, 100, 'usd', 'succeeded', now(), gen_random_uuid()::text, gen_random_uuid()::text)`, uuid.New(), p, pay)
+		_, err = admin.Exec(ctx, `INSERT INTO refunds (id, principal_id, payment_id, amount, currency, status, created_at, processor_key, charge_key, charge_id) VALUES ($1, $2, $3, 100, 'usd', 'succeeded', now(), gen_random_uuid()::text, gen_random_uuid()::text, '')`, uuid.New(), p, pay)
 		require.NoError(t, err)
 		_, err = admin.Exec(ctx, `INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, response_status, response_body, correlation_id, expires_at)
 			VALUES ($1, 'POST /v1/payments', 'shared', 'completed', sha256(''), 201, 'secret response', 'req', now() + interval '1 day')`, p)

@@ -184,11 +184,11 @@ func serveSimulator(ctx context.Context, cfg config.Config, log *slog.Logger) er
 // reconcileOnce settles what waits for reconciliation, for operators: after
 // a processor outage, or to see at once what the periodic job would do.
 func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, stdout io.Writer) error {
-	if cfg.ProcessorURL == "" {
+	if cfg.Simulated() {
 		// A simulator started here would have an empty ledger and answer
 		// "no record" for everything: that would record payments as failed
 		// that the service's own simulator may have charged.
-		return errors.New("api reconcile needs PROCESSOR_URL: it asks the processor's ledger, and an in-process simulator has none; a serve with the in-process simulator reconciles on its own")
+		return errors.New("api reconcile needs a processor (PROCESSOR_URL, or PROCESSOR=stripe): it asks the processor's ledger, and an in-process simulator has none; a serve with the in-process simulator reconciles on its own")
 	}
 	pool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {

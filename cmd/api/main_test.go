@@ -214,7 +214,7 @@ func TestProductionRefusesTestModeAndOwnerCredentials(t *testing.T) {
 	}
 	// `api reconcile` asks a real ledger or nothing.
 	err := run(context.Background(), []string{"reconcile"}, env(nil), &bytes.Buffer{})
-	require.ErrorContains(t, err, "api reconcile needs PROCESSOR_URL")
+	require.ErrorContains(t, err, "api reconcile needs a processor")
 }
 
 func freeAddr(t *testing.T) string {

@@ -31,6 +31,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/stripe"
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
 	"github.com/payments-reference/idempotent-payments/internal/telemetry"
@@ -71,8 +72,11 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		return errors.New("PROCESSOR_SIM_* configure `api processor-sim` only: serve's in-process simulator never misbehaves; point PROCESSOR_URL at a processor-sim to test faults")
 	}
 	log.Info("starting", cfg.LogAttrs()...)
-	if !cfg.Livemode() {
-		log.Warn("TEST MODE: PROCESSOR_URL is unset, so payments are charged through the in-process simulator, which moves no money and succeeds every charge; every payment and refund says livemode: false. Set PROCESSOR_URL (and APP_ENV=production, which requires it) for real payments")
+	switch {
+	case cfg.Simulated():
+		log.Warn("TEST MODE: PROCESSOR_URL is unset, so payments are charged through the in-process simulator, which moves no money and succeeds every charge; every payment and refund says livemode: false. Set PROCESSOR_URL or PROCESSOR=stripe (APP_ENV=production requires one) for real payments")
+	case !cfg.Livemode():
+		log.Warn("TEST MODE: STRIPE_SECRET_KEY is a test key: Stripe moves no money, and every payment and refund says livemode: false")
 	}
 	if cfg.MigrateOnStart {
 		log.Info("MIGRATE_ON_START is on (the development default): serve applies migrations with MIGRATE_DATABASE_URL, the owner's credentials; in production run `api migrate up` as its own step (APP_ENV=production turns this off)")
@@ -290,7 +294,7 @@ func NewProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 // newProcessor is NewProcessor whose simulator answers after sim's latency.
 func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider, sim processor.SimConfig) (processor.Processor, error) {
 	url := cfg.ProcessorURL
-	if url == "" {
+	if cfg.Simulated() {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("listen for the processor simulator: %w", err)
@@ -312,7 +316,11 @@ func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 	base.MaxIdleConnsPerHost = max(2, cfg.OutboxWorkers)
 	// Each call is a client span, a child of the job attempt that made it.
 	transport := otelhttp.NewTransport(base, otelhttp.WithTracerProvider(tp))
-	return processor.NewClient(url, &http.Client{Timeout: cfg.ProcessorTimeout, Transport: transport}), nil
+	hc := &http.Client{Timeout: cfg.ProcessorTimeout, Transport: transport}
+	if cfg.Processor == config.ProcessorStripe {
+		return stripe.New(stripe.Config{SecretKey: cfg.Stripe.SecretKey, URL: cfg.Stripe.URL, PaymentMethod: cfg.Stripe.PaymentMethod, HTTPClient: hc}), nil
+	}
+	return processor.NewClient(url, hc), nil
 }
 
 // newOutbox returns the River client that inserts and works the processor

@@ -62,9 +62,15 @@ type Config struct {
 	// DBCommitTimeout bounds a request's COMMIT, which the request cannot
 	// cancel (DB_COMMIT_TIMEOUT; database.PoolConfig.CommitTimeout).
 	DBCommitTimeout time.Duration
+	// Processor names the processor's adapter (PROCESSOR): "http" for an
+	// API of processor.Client's shape at ProcessorURL, or the in-process
+	// simulator when that is empty; "stripe" for Stripe (Stripe).
+	Processor string
 	// ProcessorURL is the payment processor's API (PROCESSOR_URL). Empty runs
 	// the simulator in process, on a loopback port.
 	ProcessorURL string
+	// Stripe configures PROCESSOR=stripe (STRIPE_*).
+	Stripe StripeSettings
 	// ProcessorTimeout bounds one processor call (PROCESSOR_TIMEOUT).
 	ProcessorTimeout time.Duration
 	// Sim configures the processor-sim subcommand's simulator
@@ -185,7 +191,9 @@ func Defaults() Config {
 		LockTimeout:              5 * time.Second,
 		DBIdleInTxTimeout:        10 * time.Second,
 		DBCommitTimeout:          3 * time.Second,
+		Processor:                ProcessorHTTP,
 		ProcessorTimeout:         10 * time.Second,
+		Stripe:                   StripeSettings{PaymentMethod: StripeTestPaymentMethod},
 		OutboxWorkers:            400,
 		WebhookWorkers:           200,
 		OutboxDBMaxConns:         16,
@@ -315,7 +323,11 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.DBCommitTimeout >= 5*time.Second {
 		errs = append(errs, errors.New("DB_COMMIT_TIMEOUT must be under 5s: the response must still be written after it (REQUEST_TIMEOUT + 5s)"))
 	}
+	str("PROCESSOR", &c.Processor)
 	str("PROCESSOR_URL", &c.ProcessorURL)
+	str("STRIPE_SECRET_KEY", &c.Stripe.SecretKey)
+	str("STRIPE_API_URL", &c.Stripe.URL)
+	str("STRIPE_PAYMENT_METHOD", &c.Stripe.PaymentMethod)
 	dur("PROCESSOR_TIMEOUT", &c.ProcessorTimeout, time.Millisecond)
 	dur("PROCESSOR_SIM_LATENCY", &c.Sim.Latency, 0)
 	rate("PROCESSOR_SIM_ERROR_RATE", &c.Sim.ErrorRate)
@@ -415,9 +427,19 @@ func Load(getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("the outbox's retry schedule can last %s (OUTBOX_MAX_ATTEMPTS=%d, OUTBOX_RETRY_BASE=%s, OUTBOX_RETRY_MAX=%s, OUTBOX_RESCUE_AFTER=%s), not inside PROCESSOR_KEY_WINDOW=%s: a late retry could charge twice once the processor forgets the key",
 			last.Round(time.Second), c.OutboxMaxAttempts, c.OutboxRetryBase, c.OutboxRetryMax, c.OutboxRescueAfter, c.ProcessorKeyWindow))
 	}
+	switch c.Processor {
+	case ProcessorHTTP:
+		if c.Stripe.SecretKey != "" {
+			errs = append(errs, errors.New("STRIPE_SECRET_KEY is set but PROCESSOR is not stripe: set PROCESSOR=stripe to charge through Stripe"))
+		}
+	case ProcessorStripe:
+		errs = append(errs, c.Stripe.check(c.ProcessorURL, c.ReconcileGrace)...)
+	default:
+		errs = append(errs, fmt.Errorf("PROCESSOR=%q: want http or stripe", c.Processor))
+	}
 	if c.Env == EnvProduction {
-		if c.ProcessorURL == "" {
-			errs = append(errs, errors.New("APP_ENV=production needs PROCESSOR_URL: without it the service charges the in-process simulator, which moves no money and succeeds every charge"))
+		if c.Simulated() {
+			errs = append(errs, errors.New("APP_ENV=production needs PROCESSOR_URL or PROCESSOR=stripe: without either the service charges the in-process simulator, which moves no money and succeeds every charge"))
 		}
 		if c.MigrateOnStart {
 			errs = append(errs, errors.New("APP_ENV=production refuses MIGRATE_ON_START=true: the serving process would hold the owner's credentials; run `api migrate up` as its own step"))
@@ -447,9 +469,74 @@ const (
 	EnvProduction  = "production"
 )
 
-// Livemode reports whether payments move real money: only through a
-// processor at PROCESSOR_URL. The in-process simulator is test mode.
-func (c Config) Livemode() bool { return c.ProcessorURL != "" }
+// The values of PROCESSOR.
+const (
+	ProcessorHTTP   = "http"
+	ProcessorStripe = "stripe"
+)
+
+// Simulated reports whether payments are charged through the in-process
+// simulator: no processor is configured.
+func (c Config) Simulated() bool { return c.Processor == ProcessorHTTP && c.ProcessorURL == "" }
+
+// Livemode reports whether payments move real money: through a processor
+// at PROCESSOR_URL, or through Stripe with a live key. The in-process
+// simulator and Stripe's test mode are test mode.
+func (c Config) Livemode() bool {
+	if c.Processor == ProcessorStripe {
+		return c.Stripe.Live()
+	}
+	return c.ProcessorURL != ""
+}
+
+// StripeTestPaymentMethod is the payment method charged by default: Stripe's
+// test Visa card, which exists only in test mode.
+const StripeTestPaymentMethod = "pm_card_visa"
+
+// StripeSearchLag is the least RECONCILE_GRACE with PROCESSOR=stripe: the
+// reconciler finds a charge through Stripe's search, whose index lags its
+// writes (under a minute, Stripe says, in normal operation), and a charge
+// not indexed yet must not read as "no record".
+const StripeSearchLag = 5 * time.Minute
+
+// StripeSettings configure the Stripe adapter (internal/processor/stripe).
+type StripeSettings struct {
+	// SecretKey is the API key (STRIPE_SECRET_KEY): sk_test_ or rk_test_
+	// for test mode, sk_live_ or rk_live_ to move money. Never logged.
+	SecretKey string
+	// URL is Stripe's API (STRIPE_API_URL); empty is Stripe's own, and
+	// stripe-mock is another.
+	URL string
+	// PaymentMethod is charged for every payment (STRIPE_PAYMENT_METHOD):
+	// this API takes no card (docs/external-effects.md, "Stripe").
+	PaymentMethod string
+}
+
+// Live reports whether the key moves real money.
+func (s StripeSettings) Live() bool {
+	return strings.HasPrefix(s.SecretKey, "sk_live_") || strings.HasPrefix(s.SecretKey, "rk_live_")
+}
+
+// check returns what is wrong with PROCESSOR=stripe's settings.
+func (s StripeSettings) check(processorURL string, reconcileGrace time.Duration) []error {
+	var errs []error
+	if s.SecretKey == "" {
+		errs = append(errs, errors.New("PROCESSOR=stripe needs STRIPE_SECRET_KEY"))
+	}
+	if processorURL != "" {
+		errs = append(errs, errors.New("PROCESSOR=stripe and PROCESSOR_URL are both set: pick one processor (STRIPE_API_URL points the Stripe adapter elsewhere)"))
+	}
+	if s.PaymentMethod == "" {
+		errs = append(errs, errors.New("PROCESSOR=stripe needs STRIPE_PAYMENT_METHOD"))
+	}
+	if s.Live() && s.PaymentMethod == StripeTestPaymentMethod {
+		errs = append(errs, fmt.Errorf("a live STRIPE_SECRET_KEY with STRIPE_PAYMENT_METHOD=%s, Stripe's test card: a live account charges its own customers' payment methods (docs/external-effects.md, \"Stripe\")", StripeTestPaymentMethod))
+	}
+	if reconcileGrace < StripeSearchLag {
+		errs = append(errs, fmt.Errorf("PROCESSOR=stripe needs RECONCILE_GRACE of at least %s (it is %s): the reconciler finds charges through Stripe's search, which lags Stripe's writes, and an unindexed charge must not read as \"no record\"", StripeSearchLag, reconcileGrace))
+	}
+	return errs
+}
 
 // SimSettings are the processor simulator's switches: latency before a call
 // is processed, and the share of calls that fail (503, no charge), are
@@ -506,6 +593,7 @@ func (c Config) LogAttrs() []any {
 		slog.String("sweep_interval", c.SweepInterval.String()),
 		slog.String("request_timeout", c.RequestTimeout.String()),
 		slog.String("body_timeout", c.BodyTimeout.String()),
+		slog.String("processor", c.Processor),
 		slog.String("processor_url", redact(c.ProcessorURL)),
 		slog.Int("outbox_workers", c.OutboxWorkers),
 		slog.Int("webhook_workers", c.WebhookWorkers),

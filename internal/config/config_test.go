@@ -153,3 +153,44 @@ func TestBodyTimeoutStaysShorterThanTheRequest(t *testing.T) {
 	_, err = config.Load(env(map[string]string{"REQUEST_TIMEOUT": "1s", "LOCK_TIMEOUT": "300ms", "BODY_TIMEOUT": "2s"}))
 	require.ErrorContains(t, err, "BODY_TIMEOUT (2s) must be shorter than REQUEST_TIMEOUT (1s)")
 }
+
+// PROCESSOR=stripe: production accepts it, livemode follows the key, and
+// what would charge wrongly or read a charge as missing is refused.
+func TestStripeSettings(t *testing.T) {
+	t.Parallel()
+	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+	stripe := func(extra map[string]string) map[string]string {
+		vars := map[string]string{"APP_ENV": "production", "WEBHOOK_SIGNING_KEY": key, "PROCESSOR": "stripe", "STRIPE_SECRET_KEY": "sk_test_abc", "RECONCILE_GRACE": "10m"}
+		for k, v := range extra {
+			vars[k] = v
+		}
+		return vars
+	}
+	c, err := config.Load(env(stripe(nil)))
+	require.NoError(t, err)
+	require.False(t, c.Livemode(), "a test key moves no money")
+	require.False(t, c.Simulated())
+	require.NotContains(t, fmtAttrs(c.LogAttrs()), "sk_test_abc", "the key is never logged")
+
+	c, err = config.Load(env(stripe(map[string]string{"STRIPE_SECRET_KEY": "rk_live_abc", "STRIPE_PAYMENT_METHOD": "pm_from_the_account"})))
+	require.NoError(t, err)
+	require.True(t, c.Livemode())
+
+	for name, c := range map[string]struct {
+		vars map[string]string
+		want string
+	}{
+		"no key":                                {map[string]string{"STRIPE_SECRET_KEY": ""}, "needs STRIPE_SECRET_KEY"},
+		"two processors":                        {map[string]string{"PROCESSOR_URL": "https://processor"}, "both set"},
+		"a live key and the test card":          {map[string]string{"STRIPE_SECRET_KEY": "sk_live_abc"}, "Stripe's test card"},
+		"a grace shorter than the search's lag": {map[string]string{"RECONCILE_GRACE": "2m"}, "RECONCILE_GRACE of at least 5m0s"},
+		"an unknown processor":                  {map[string]string{"PROCESSOR": "adyen"}, `PROCESSOR="adyen"`},
+	} {
+		_, err := config.Load(env(stripe(c.vars)))
+		require.ErrorContains(t, err, c.want, name)
+	}
+	_, err = config.Load(env(map[string]string{"STRIPE_SECRET_KEY": "sk_test_abc"}))
+	require.ErrorContains(t, err, "PROCESSOR is not stripe", "a key without PROCESSOR=stripe would be ignored")
+	_, err = config.Load(env(map[string]string{"APP_ENV": "production", "WEBHOOK_SIGNING_KEY": key}))
+	require.ErrorContains(t, err, "needs PROCESSOR_URL or PROCESSOR=stripe")
+}

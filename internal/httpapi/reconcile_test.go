@@ -100,10 +100,18 @@ func TestAnUnknownRefundKeepsItsAmountCounted(t *testing.T) {
 		http.StatusUnprocessableEntity, "refund-exceeds-payment")
 
 	b.sim.SetConfig(processor.SimConfig{})
+	lookups := &recordedLookups{Processor: b.reconciler.Processor}
+	b.reconciler.Processor = lookups
 	res, err := b.reconciler.Run(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, reconcile.Result{Examined: 1, Succeeded: 1}, res)
 	require.Equal(t, "succeeded", decode(t, b.get(t, "/v1/refunds/"+refund, k.Secret).Body)["status"])
+	// The lookup names the refund's charge by the processor's id, which a
+	// processor such as Stripe finds refunds by (migration 19).
+	var chargeID string
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT processor_id FROM payments WHERE id = $1`, pay).Scan(&chargeID))
+	require.NotEmpty(t, chargeID)
+	require.Equal(t, []processor.Record{{Op: processor.OpRefund, Key: lookups.records[0].Key, ChargeID: chargeID}}, lookups.records)
 	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"])
 	require.Equal(t, 1, b.sim.EffectsFor(refund))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`), "the refused refund recorded nothing")
@@ -247,4 +255,15 @@ func TestARetryOfALostPaymentIsNotChargedAgain(t *testing.T) {
 	require.Equal(t, "succeeded", b.settled(t, "/v1/payments/"+otherID, k.Secret)["status"])
 	require.NotEqual(t, b.sim.KeyFor(lost), b.sim.KeyFor(otherID))
 	require.Equal(t, 1, b.sim.EffectsFor(otherID))
+}
+
+// recordedLookups keeps what the reconciler asked the processor.
+type recordedLookups struct {
+	processor.Processor
+	records []processor.Record
+}
+
+func (r *recordedLookups) Lookup(ctx context.Context, rec processor.Record) (processor.Result, error) {
+	r.records = append(r.records, rec)
+	return r.Processor.Lookup(ctx, rec)
 }

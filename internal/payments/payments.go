@@ -77,6 +77,9 @@ type Payment struct {
 	// ProcessorKey is the charge's idempotency key at the processor (the
 	// client's intent, CreateParams.ProcessorKey); never shown to clients.
 	ProcessorKey string `json:"-"`
+	// ProcessorID is the processor's own id of the charge, once it made it
+	// (empty before); a refund names its charge by it (processor.Refund).
+	ProcessorID string `json:"-"`
 }
 
 // Refundable returns what can still be refunded.
@@ -201,9 +204,10 @@ func GetForUpdate(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID) (Paym
 	return get(ctx, tx, principal, id, " FOR UPDATE")
 }
 
-const getSQL = `
-	SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at, processor_key
-	FROM payments WHERE principal_id = $1 AND id = $2`
+// columns are what scanOne reads, in its order.
+const columns = `id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at, processor_key, coalesce(processor_id, '')`
+
+const getSQL = `SELECT ` + columns + ` FROM payments WHERE principal_id = $1 AND id = $2`
 
 func get(ctx context.Context, db database.DBTX, principal, id uuid.UUID, lock string) (Payment, error) {
 	return scanOne(db.QueryRow(ctx, getSQL+lock, principal, id))
@@ -220,7 +224,7 @@ func QueueGet(b *pgx.Batch, principal, id uuid.UUID, p *Payment) {
 
 func scanOne(row pgx.Row) (Payment, error) {
 	var p Payment
-	err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt, &p.ProcessorKey)
+	err := row.Scan(&p.ID, &p.Amount, &p.AmountRefunded, &p.Currency, &p.Status, &p.FailureReason, &p.Description, &p.Metadata, &p.Livemode, &p.CreatedAt, &p.ProcessorKey, &p.ProcessorID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
 	}
@@ -243,8 +247,7 @@ const ListLimit = 100
 // payment exactly once; the newest payments show once the transactions
 // begun before them have ended, milliseconds later.
 func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uuid.UUID, limit int) ([]Payment, bool, error) {
-	rows, err := db.Query(ctx, `
-		SELECT id, amount, amount_refunded, currency, status, failure_reason, description, metadata, livemode, created_at, processor_key
+	rows, err := db.Query(ctx, `SELECT `+columns+`
 		FROM payments
 		WHERE principal_id = $1
 		  AND xid < (SELECT list_horizon())

@@ -40,8 +40,8 @@ func (c *Client) Refund(ctx context.Context, r Refund) (Result, error) {
 }
 
 // Lookup implements Processor.
-func (c *Client) Lookup(ctx context.Context, op Operation, key string) (Result, error) {
-	path := "/v1/" + string(op) + "/" + url.PathEscape(key)
+func (c *Client) Lookup(ctx context.Context, r Record) (Result, error) {
+	path := "/v1/" + string(r.Op) + "/" + url.PathEscape(r.Key)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
 	if err != nil {
 		return Result{}, fmt.Errorf("processor request: %w", err)

@@ -45,9 +45,9 @@ func (m *measured) Refund(ctx context.Context, rf Refund) (Result, error) {
 	return r, err
 }
 
-func (m *measured) Lookup(ctx context.Context, op Operation, key string) (Result, error) {
+func (m *measured) Lookup(ctx context.Context, rec Record) (Result, error) {
 	start := time.Now()
-	r, err := m.p.Lookup(ctx, op, key)
+	r, err := m.p.Lookup(ctx, rec)
 	if errors.Is(err, ErrNoRecord) {
 		m.h.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("operation", "lookup"), attribute.String("outcome", "no_record")))
 		return r, err

@@ -4,9 +4,14 @@
 //
 // Every call carries a key of its own, which the processor uses the way this
 // service uses Idempotency-Key: the same key is the same charge, however often
-// it is sent. The service keys a charge by its payment's id and a refund by
-// its refund's id, so the outbox worker can repeat a call whose answer was
-// lost without charging twice.
+// it is sent. The service keys a call by the client's intent (the principal,
+// the route, the client's Idempotency-Key and the request's fingerprint), not
+// by a row's id, which a lost commit takes with it: the outbox worker can
+// repeat a call whose answer was lost, and the client can repeat a request
+// whose commit was lost, without charging twice.
+//
+// Two processors implement it here: Client, for an HTTP API of this shape
+// (the Simulator speaks it), and the stripe package, for Stripe.
 package processor
 
 import (
@@ -34,6 +39,10 @@ type Charge struct {
 type Refund struct {
 	Key       string `json:"-"` // the client's intent, as a charge's
 	ChargeKey string `json:"charge"`
+	// ChargeID is the processor's own id of that charge (its Result.ID):
+	// some processors name the charge to refund only by it (Stripe's
+	// payment_intent).
+	ChargeID  string `json:"-"`
 	Amount    int64  `json:"amount"`
 	Currency  string `json:"currency"`
 	Reference string `json:"reference"` // the refund's id, as a charge's
@@ -56,7 +65,17 @@ type Processor interface {
 	// money, *DeclineError when it declined, ErrNoRecord when it never
 	// processed a request with that key, and any other error when it could
 	// not say. The reconciler settles with it what the workers could not.
-	Lookup(ctx context.Context, op Operation, key string) (Result, error)
+	Lookup(ctx context.Context, r Record) (Result, error)
+}
+
+// Record names what Lookup asks about.
+type Record struct {
+	Op  Operation
+	Key string // the idempotency key the calls were sent with
+	// ChargeID is, for a refund, its charge's id at the processor
+	// (Refund.ChargeID): some processors find a refund only through its
+	// charge (Stripe lists a PaymentIntent's refunds).
+	ChargeID string
 }
 
 // Operation names what a key was used for at the processor.

@@ -154,17 +154,17 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	var (
 		p   payments.Payment
 		rf  refunds.Refund
-		key string
+		rec = processor.Record{Op: op}
 	)
 	err := database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
 		var err error
 		if c.kind == "payment" {
 			p, err = payments.Get(ctx, tx, c.principal, c.id)
-			key = p.ProcessorKey
+			rec.Key = p.ProcessorKey
 			return err
 		}
 		rf, err = refunds.Get(ctx, tx, c.principal, c.id)
-		key = rf.ProcessorKey
+		rec.Key, rec.ChargeID = rf.ProcessorKey, rf.ChargeID
 		return err
 	})
 	if err != nil {
@@ -172,7 +172,7 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	}
 	// A lookup is never retried within a run: "cannot say" leaves the row
 	// waiting for the next one (last = true makes it requires_reconciliation).
-	res, lookupErr := r.Processor.Lookup(ctx, op, key)
+	res, lookupErr := r.Processor.Lookup(ctx, rec)
 	// The same words for payments and refunds.
 	status, reason := payments.Decision(lookupErr, true)
 	err = database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {

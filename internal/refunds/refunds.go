@@ -85,10 +85,12 @@ type Refund struct {
 	Livemode  bool      `json:"livemode"`
 	CreatedAt time.Time `json:"created_at"`
 	// ProcessorKey is the refund's idempotency key at the processor (the
-	// client's intent); ChargeKey its payment's, the charge it gives back.
-	// Neither is shown to clients.
+	// client's intent); ChargeKey its payment's, the charge it gives back,
+	// and ChargeID the processor's id of that charge. None is shown to
+	// clients.
 	ProcessorKey string `json:"-"`
 	ChargeKey    string `json:"-"`
+	ChargeID     string `json:"-"`
 }
 
 // NewRefund is a request to refund a payment. Amount nil means everything
@@ -164,13 +166,14 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, c
 		// charge made with the payment's key.
 		ProcessorKey: c.ProcessorKey,
 		ChargeKey:    p.ProcessorKey,
+		ChargeID:     p.ProcessorID,
 	}
 	// Checked under the payment's lock, the writes need nothing more from
 	// the database: they travel in one round trip, with the response.
 	b.Queue(`
-		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key, processor_key, charge_key)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey)
+		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key, processor_key, charge_key, charge_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey, r.ChargeID)
 	payments.QueueAddRefunded(b, principal, p.ID, r.Amount)
 	if err := jobs.Queue(ctx, b, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
 		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
@@ -252,11 +255,11 @@ func QueueGet(b *pgx.Batch, principal, id uuid.UUID, r *Refund) {
 	})
 }
 
-const columns = `id, payment_id, amount, currency, reason, status, failure_reason, livemode, created_at, processor_key, charge_key`
+const columns = `id, payment_id, amount, currency, reason, status, failure_reason, livemode, created_at, processor_key, charge_key, charge_id`
 
 func scan(row pgx.Row) (Refund, error) {
 	var r Refund
-	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.FailureReason, &r.Livemode, &r.CreatedAt, &r.ProcessorKey, &r.ChargeKey)
+	err := row.Scan(&r.ID, &r.PaymentID, &r.Amount, &r.Currency, &r.Reason, &r.Status, &r.FailureReason, &r.Livemode, &r.CreatedAt, &r.ProcessorKey, &r.ChargeKey, &r.ChargeID)
 	return r, err
 }
 

@@ -44,7 +44,7 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 		Load:    func(b *pgx.Batch, r *Refund) { QueueGet(b, job.Args.Principal, job.Args.RefundID, r) },
 		Pending: func(r Refund) bool { return r.Status == StatusPending },
 		Call: func(ctx context.Context, r Refund, last bool) (func(*pgx.Batch) error, error) {
-			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ProcessorKey, ChargeKey: r.ChargeKey, Amount: r.Amount, Currency: r.Currency, Reference: r.ID.String()})
+			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ProcessorKey, ChargeKey: r.ChargeKey, ChargeID: r.ChargeID, Amount: r.Amount, Currency: r.Currency, Reference: r.ID.String()})
 			// The decided statuses are the same words for refunds and
 			// payments (succeeded, failed, requires_reconciliation).
 			status, reason := payments.Decision(err, last)
