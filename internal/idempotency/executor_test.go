@@ -16,12 +16,14 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/testdb"
 )
 
-// A replay of a live key is a read-only transaction: the claim's INSERT
+// Without a synchronous standby (this server has none), a replay of a live
+// key is a read-only transaction: the claim's INSERT
 // conflicts and does nothing, the stored row is read without a lock. With
 // no transaction id there can be no row lock and nothing for COMMIT to
 // flush, so a replay costs what a read costs. The check runs inside the
 // replay's own transaction (Reauthorize is called there, after the claim
-// and the lookup).
+// and the lookup). With a standby it writes WAL, and waits like a write
+// (TestAReplayWaitsForTheStandby in cmd/api).
 func TestReplayIsReadOnly(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t, 2)

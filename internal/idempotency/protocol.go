@@ -38,7 +38,9 @@ var errResponseTooLarge = errors.New("response over the storage cap and no resou
 //     row, commit once;
 //  3. if not: the looked-up row with a different fingerprint is
 //     ErrKeyReused; with the same one it is replayed after
-//     op.Reauthorize, and the transaction writes nothing;
+//     op.Reauthorize, and the transaction writes no row (with a
+//     synchronous standby it writes a WAL record, so that its COMMIT waits
+//     for the standby as the original's did);
 //  4. if the row is past its window: take it over (one UPDATE that re-checks
 //     expires_at) and continue as in 2.
 //
@@ -74,6 +76,18 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			// LOCK_TIMEOUT), and then it sees the outcome.
 			var c claimed
 			queueClaim(b, principal, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, &c)
+			// Where COMMITs wait for a synchronous standby, a replay's
+			// transaction writes WAL too (a logical message, which touches
+			// no table), so that its COMMIT waits like a write's for the
+			// standby to have the WAL up to it, the original's included. A
+			// row whose own COMMIT gave up waiting is committed on the
+			// primary only (a failover loses it); its replay then answers
+			// outcome-unknown while the standby lags, never a 201 the
+			// standby never saw. A transaction that writes no WAL commits
+			// without waiting, whatever synchronous_commit says; without a
+			// standby the replay stays a read.
+			b.Queue(`SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
+				THEN pg_logical_emit_message(true, 'idempotency', 'replay') END`)
 			start := time.Now()
 			err := tx.SendBatch(ctx, b).Close()
 			obs.claimed(ctx, start)
@@ -125,7 +139,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			}
 			// 3. The key is taken, and its holder has finished (the claim
 			// waited for it). The lookup read the row without locking it: a
-			// replay writes nothing, not even a lock (docs/performance.md).
+			// replay writes no row, not even a lock (docs/performance.md).
 			if !bytes.Equal(c.rec.Fingerprint, req.Fingerprint) {
 				// One key, two intents: refuse rather than replay the
 				// wrong payment.
