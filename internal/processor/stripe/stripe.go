@@ -152,7 +152,7 @@ func (p *Processor) lookupCharge(ctx context.Context, key string) (processor.Res
 	var found []*stripeapi.PaymentIntent
 	for pi, err := range p.api.V1PaymentIntents.Search(ctx, params) {
 		if err != nil {
-			return processor.Result{}, classify("search payment intents", err)
+			return processor.Result{}, unanswered("search payment intents", err)
 		}
 		found = append(found, pi)
 		if len(found) > 1 {
@@ -174,7 +174,7 @@ func (p *Processor) lookupRefund(ctx context.Context, rec processor.Record) (pro
 	params := &stripeapi.RefundListParams{PaymentIntent: stripeapi.String(rec.ChargeID)}
 	for rf, err := range p.api.V1Refunds.List(ctx, params) {
 		if err != nil {
-			return processor.Result{}, classify("list refunds", err)
+			return processor.Result{}, unanswered("list refunds", err)
 		}
 		if rf.Metadata[MetadataKey] == rec.Key {
 			return refundResult(rf)
@@ -249,6 +249,13 @@ func classify(call string, err error) error {
 		return &processor.RejectedError{Status: se.HTTPStatusCode, Detail: fmt.Sprintf("%s: %s %s: %s", call, se.Type, se.Code, se.Msg)}
 	}
 	return fmt.Errorf("stripe %s: status %d, %s %s (request %s): %s", call, se.HTTPStatusCode, se.Type, se.Code, se.RequestID, se.Msg)
+}
+
+// unanswered wraps a lookup's failure as "cannot say": Stripe refusing a
+// search or a list (a 400, a 404) is no answer about the charge or refund
+// looked for, so it must not read as a decline or a rejection.
+func unanswered(call string, err error) error {
+	return fmt.Errorf("stripe %s: %w", call, err)
 }
 
 // errorReason is the most precise code Stripe gave: the issuer's decline

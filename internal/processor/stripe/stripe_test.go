@@ -261,3 +261,19 @@ func TestLookupRefund(t *testing.T) {
 	verdict, _ := processor.Judge(err, true)
 	require.Equal(t, processor.Unknown, verdict, "without the charge's id the refund cannot be found: never \"no record\"")
 }
+
+// A refused search or list says nothing about the charge or refund it looks
+// for: taken as a refusal, the reconciler would record failed a payment
+// Stripe may have charged. It leaves the row waiting.
+func TestARefusedLookupIsNoAnswer(t *testing.T) {
+	t.Parallel()
+	for _, op := range []processor.Operation{processor.OpCharge, processor.OpRefund} {
+		t.Run(string(op), func(t *testing.T) {
+			t.Parallel()
+			_, p := newFake(t, 400, stripeError("invalid_request_error", "parameter_invalid", ""), nil)
+			_, err := p.Lookup(context.Background(), processor.Record{Op: op, Key: "k", ChargeID: "pi_1"})
+			verdict, _ := processor.Judge(err, true)
+			require.Equal(t, processor.Unknown, verdict, "error: %v", err)
+		})
+	}
+}
