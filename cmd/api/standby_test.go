@@ -55,15 +55,15 @@ func TestAReplayWaitsForTheStandby(t *testing.T) {
 	// The owner's and the maintenance role's sessions commit without
 	// waiting (synchronous_commit=local): only the service's requests meet
 	// the missing standby.
-	base := "postgres://%s@127.0.0.1:54348/payments?sslmode=disable"
+	url := func(role string) string { return "postgres://" + role + "@127.0.0.1:54348/payments?sslmode=disable" }
 	local := "&synchronous_commit=local"
 	addr := freeAddr(t)
 	getenv := env(map[string]string{
 		"ADDR": addr, "METRICS_ADDR": "off", "OUTBOX_WORKERS": "0", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
 		"DB_COMMIT_TIMEOUT":        "500ms",
-		"DATABASE_URL":             strings.Replace(base, "%s", "payments_app", 1),
-		"MIGRATE_DATABASE_URL":     strings.Replace(base, "%s", "postgres", 1) + local,
-		"MAINTENANCE_DATABASE_URL": strings.Replace(base, "%s", "payments_maintenance", 1) + local,
+		"DATABASE_URL":             url("payments_app"),
+		"MIGRATE_DATABASE_URL":     url("postgres") + local,
+		"MAINTENANCE_DATABASE_URL": url("payments_maintenance") + local,
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, run(ctx, []string{"migrate", "up"}, getenv, io.Discard))
@@ -97,7 +97,7 @@ func TestAReplayWaitsForTheStandby(t *testing.T) {
 	status, _, _ := pay(200 * time.Millisecond)
 	require.Zero(t, status, "the client gave up while the COMMIT waited for the standby")
 
-	admin, err := pgx.Connect(ctx, strings.Replace(base, "%s", "postgres", 1)+local)
+	admin, err := pgx.Connect(ctx, url("postgres")+local)
 	require.NoError(t, err)
 	defer admin.Close(context.Background())
 	require.Eventually(t, func() bool {

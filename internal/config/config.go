@@ -64,7 +64,7 @@ type Config struct {
 	DBCommitTimeout time.Duration
 	// Processor names the processor's adapter (PROCESSOR): "http" for an
 	// API of processor.Client's shape at ProcessorURL, or the in-process
-	// simulator when that is empty; "stripe" for Stripe (Stripe).
+	// simulator when that is empty; "stripe" for Stripe, set by Stripe.
 	Processor string
 	// ProcessorURL is the payment processor's API (PROCESSOR_URL). Empty runs
 	// the simulator in process, on a loopback port.
