@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -81,10 +82,19 @@ type client struct {
 	http   *http.Client
 	base   func() string
 	secret string
+	// patience, when set, is how long an attempt waits for its answer
+	// before the client hangs up, shorter than http's timeout: a phase
+	// sets it to have clients leave while their COMMIT waits.
+	patience atomic.Int64
 }
 
 // send makes one attempt of in.
 func (c *client) send(ctx context.Context, in intent) reply {
+	if p := time.Duration(c.patience.Load()); p > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p)
+		defer cancel()
+	}
 	path, body := "/v1/payments", fmt.Sprintf(`{"amount":%d,"currency":"usd","metadata":{"intent":%q}}`, in.amount, in.key)
 	if in.paymentID != "" {
 		path, body = "/v1/payments/"+in.paymentID+"/refunds", fmt.Sprintf(`{"amount":%d}`, in.amount)
@@ -175,6 +185,9 @@ type ledger struct {
 	// lostCharged counts acknowledged payments missing from the database
 	// that the processor had charged.
 	lostCharged int
+	// idKeyedTwice counts intents a key per payment id would have charged
+	// twice (Results.IDKeyedTwice).
+	idKeyedTwice int
 	// noEffect holds the request ids of attempts answered "no effect".
 	noEffect map[string]bool
 	// unresolved intents: no final answer within the intent deadline.

@@ -186,8 +186,47 @@ func (p *primaryProbe) Longest() time.Duration {
 // switchover, and the primary's machine lost (kill -9 of its keeper and
 // every PostgreSQL process, then started again to rejoin as the standby).
 // With an asynchronous standby, the kill comes while the standby lags, as an
-// asynchronous standby may (pauseReplication).
-func failoverPhases(c *cluster, adminURL string, l **ledger) ([]string, []phase) {
+// asynchronous standby may (pauseReplication). With a synchronous one, a
+// last phase holds the standby back while clients hang up on requests whose
+// COMMIT waits for it, then kills the primary: the service gives those
+// COMMITs up (committed on the primary only), the failover loses them, and
+// their retries must execute once, charged under the first attempt's key.
+func failoverPhases(c *cluster, adminURL string, cl *client, l **ledger) ([]string, []phase) {
+	killPrimary := func(hold bool) func(context.Context, time.Duration) (int, error) {
+		return func(ctx context.Context, d time.Duration) (int, error) {
+			began := time.Now()
+			if err := sleep(ctx, d/3); err != nil {
+				return 0, err
+			}
+			primary, err := c.do(ctx, "primary")
+			if err != nil {
+				return 0, err
+			}
+			if hold {
+				// Shorter than the service's DB_COMMIT_TIMEOUT (3 s): the
+				// client is gone before its COMMIT is given up.
+				cl.patience.Store(int64(time.Second))
+				defer cl.patience.Store(0)
+			}
+			if c.async || hold {
+				if err := c.pauseReplication(ctx, adminURL, primary, 6*time.Second, 4<<20); err != nil {
+					return 0, err
+				}
+			}
+			if _, err := c.do(ctx, "kill", primary); err != nil {
+				return 0, err
+			}
+			cl.patience.Store(0)
+			(*l).addFaults(1)
+			if err := sleep(ctx, max(0, d-time.Since(began))); err != nil {
+				return 0, err
+			}
+			// The old primary's machine comes back and rejoins as the
+			// standby, so that the formation is whole again afterwards.
+			_, err = c.do(ctx, "start", primary)
+			return 0, err
+		}
+	}
 	names := []string{"no fault", "planned switchover", "kill -9 of the primary's node"}
 	phases := []phase{
 		{names[0], func(ctx context.Context, d time.Duration) (int, error) { return 0, sleep(ctx, d) }},
@@ -201,32 +240,11 @@ func failoverPhases(c *cluster, adminURL string, l **ledger) ([]string, []phase)
 			}
 			return 1, sleep(ctx, max(0, d-time.Since(began)))
 		}},
-		{names[2], func(ctx context.Context, d time.Duration) (int, error) {
-			began := time.Now()
-			if err := sleep(ctx, d/3); err != nil {
-				return 0, err
-			}
-			primary, err := c.do(ctx, "primary")
-			if err != nil {
-				return 0, err
-			}
-			if c.async {
-				if err := c.pauseReplication(ctx, adminURL, primary, 3*time.Second, 4<<20); err != nil {
-					return 0, err
-				}
-			}
-			if _, err := c.do(ctx, "kill", primary); err != nil {
-				return 0, err
-			}
-			(*l).addFaults(1)
-			if err := sleep(ctx, max(0, d-time.Since(began))); err != nil {
-				return 0, err
-			}
-			// The old primary's machine comes back and rejoins as the
-			// standby, so that the formation is whole again afterwards.
-			_, err = c.do(ctx, "start", primary)
-			return 0, err
-		}},
+		{names[2], killPrimary(false)},
+	}
+	if !c.async {
+		names = append(names, "standby held back, clients hang up in COMMIT, kill -9 of the primary")
+		phases = append(phases, phase{names[3], killPrimary(true)})
 	}
 	return names, phases
 }
@@ -253,10 +271,15 @@ func (c *cluster) pauseReplication(ctx context.Context, adminURL, primary string
 	}
 	var lag int64
 	var setting string
+	waiting, mostWaiting := 0, 0
 	for deadline := time.Now().Add(d); ; {
-		if err := conn.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - sent_lsn)::bigint, current_setting('synchronous_commit') FROM pg_stat_replication`).Scan(&lag, &setting); err != nil {
+		// SyncRep: a backend whose COMMIT is written here and waits for the
+		// standby to confirm it.
+		if err := conn.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - sent_lsn)::bigint, current_setting('synchronous_commit'),
+			(SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep') FROM pg_stat_replication`).Scan(&lag, &setting, &waiting); err != nil {
 			return err
 		}
+		mostWaiting = max(mostWaiting, waiting)
 		if lag >= limit || time.Now().After(deadline) {
 			break
 		}
@@ -264,6 +287,6 @@ func (c *cluster) pauseReplication(ctx context.Context, adminURL, primary string
 			return err
 		}
 	}
-	fmt.Fprintf(c.progress, "the primary has %d bytes of WAL it did not send to the standby (synchronous_commit = %s) when it is killed\n", lag, setting)
+	fmt.Fprintf(c.progress, "the primary has %d bytes of WAL it did not send to the standby (synchronous_commit = %s) when it is killed; up to %d COMMITs waited for the standby at once\n", lag, setting, mostWaiting)
 	return nil
 }

@@ -5,7 +5,7 @@
 //
 //	go run ./faults                       # about a minute on a quiet machine, on the local PostgreSQL
 //	go run ./faults -phase 30s -workers 32
-//	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 90 s
+//	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 4 min
 //	go run ./faults -failover -standby async  # the same with an asynchronous standby: it loses payments
 //
 // It creates a database of its own (payments_faults_<time>) on the server
@@ -193,6 +193,7 @@ func writeReport(w io.Writer, res *Results, wide bool) {
 	if res.LostCharged > 0 {
 		fmt.Fprintf(w, "%d of the acknowledged payments the database lost had been charged by the processor\n\n", res.LostCharged)
 	}
+	fmt.Fprintf(w, "keyed by payment id instead of by intent (before migration 18), %d intents of this run would have been\ncharged twice: the processor received their key under two payment ids\n\n", res.IDKeyedTwice)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "invariant (after the last phase)\tfound\tholds")
 	for _, c := range res.Invariants {

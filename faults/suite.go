@@ -52,6 +52,10 @@ type Results struct {
 	// LostCharged counts the acknowledged payments missing from the
 	// database that the processor had charged (see verify).
 	LostCharged int `json:"lost_payments_charged"`
+	// IDKeyedTwice counts the intents that a processor key per payment id
+	// (the design before migration 18) would have charged more than once
+	// in this same run: their key reached the processor under two ids.
+	IDKeyedTwice int `json:"intents_charged_twice_if_keyed_by_payment_id"`
 }
 
 // Held reports whether every invariant held.
@@ -182,18 +186,17 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 
-	var l *ledger
-	names, phases := proxyPhases(proxy, api, &l)
-	if cfg.cluster != nil {
-		names, phases = failoverPhases(cfg.cluster, cfg.adminURL, &l)
-	}
-	l = newLedger(names)
-
 	c := &client{
 		http:   &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.workers}},
 		base:   api.URL,
 		secret: key.Secret,
 	}
+	var l *ledger
+	names, phases := proxyPhases(proxy, api, &l)
+	if cfg.cluster != nil {
+		names, phases = failoverPhases(cfg.cluster, cfg.adminURL, c, &l)
+	}
+	l = newLedger(names)
 	res := &Results{}
 	for i, p := range phases {
 		fmt.Fprintf(progress, "phase %d/%d: %s (%s)\n", i+1, len(phases), p.name, cfg.phase)
@@ -297,7 +300,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	res.UnknownIntents, res.UnknownCommitted, res.UnknownNotCommitted = l.unknownIntents, l.UnknownCommitted, l.UnknownNotCommitted
 	res.Payments, res.Refunds = len(l.payments), len(l.refunds)
 	res.Duration = time.Since(began)
-	res.LostCharged = l.lostCharged
+	res.LostCharged, res.IDKeyedTwice = l.lostCharged, l.idKeyedTwice
 	return res, nil
 }
 
@@ -466,18 +469,29 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 	// with: one key for every payment of an intent (the key is the client's
 	// intent, migration 18), so a retry of a lost payment is answered with
 	// the first charge; a key per payment would show here as two.
+	// The same run, counted for the design before migration 18 (a key per
+	// payment id): an intent whose charged key reached the processor under
+	// two payment ids would have been charged once per id.
+	refs := sim.ReferencesPerKey()
 	chargedIntents := 0
+	l.idKeyedTwice = 0
 	for _, ids := range idsOf {
-		n := 0
+		n, perID := 0, 0
 		seen := map[string]bool{}
 		for id := range ids {
 			if k := sim.KeyFor(id); k != "" && !seen[k] {
 				seen[k] = true
 				n += sim.Effects(k)
+				if sim.Effects(k) > 0 {
+					perID += refs[k]
+				}
 			}
 		}
 		if n > 1 {
 			chargedIntents++
+		}
+		if perID > 1 {
+			l.idKeyedTwice++
 		}
 	}
 

@@ -102,6 +102,20 @@ func (s *Simulator) KeyFor(reference string) string {
 	return s.keyOf[reference]
 }
 
+// ReferencesPerKey returns, per key, how many references (payment or refund
+// ids) it was sent with. A key sent with two is one intent whose row was
+// made twice (a lost commit, retried): keyed by the row's id instead, it
+// would have moved money twice.
+func (s *Simulator) ReferencesPerKey() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := make(map[string]int, len(s.keyOf))
+	for _, key := range s.keyOf {
+		n[key]++
+	}
+	return n
+}
+
 // Waiting is how many requests are in their Latency: not processed yet.
 func (s *Simulator) Waiting() int {
 	s.mu.Lock()
