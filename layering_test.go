@@ -52,8 +52,8 @@ func TestImportRules(t *testing.T) {
 			for _, bad := range forbidden[pkg] {
 				require.False(t, strings.HasPrefix(imp, bad), "%s must not import %s", pkg, imp)
 			}
-			if strings.HasPrefix(pkg, "internal/") {
-				for _, bad := range []string{module + "/cmd/", module + "/loadtest", module + "/faults", module + "/examples"} {
+			if strings.HasPrefix(pkg, "internal/") && !strings.HasPrefix(pkg, "internal/testsupport/") {
+				for _, bad := range []string{module + "/cmd/", module + "/loadtest", module + "/faults", module + "/examples", module + "/internal/testsupport/"} {
 					require.False(t, strings.HasPrefix(imp, bad), "%s must not import %s", pkg, imp)
 				}
 			}
@@ -71,7 +71,7 @@ func TestProductionBinaryDependencies(t *testing.T) {
 	deps := string(out)
 	require.Contains(t, deps, module+"/internal/httpapi\n")
 	for _, bad := range []string{
-		module + "/internal/testdb", module + "/internal/faultproxy", module + "/lab", module + "/loadtest", module + "/faults",
+		module + "/internal/testsupport/", module + "/lab", module + "/loadtest", module + "/faults",
 		"github.com/stretchr/testify", "github.com/testcontainers/", "gonum.org/", "github.com/redis/go-redis",
 	} {
 		require.NotContains(t, deps, bad)

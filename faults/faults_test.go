@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

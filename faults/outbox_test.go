@@ -17,8 +17,8 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/processor"
-	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/testdb"
 )
 
 // rig is the service binary with its outbox workers, calling a processor
@@ -26,7 +26,7 @@ import (
 type rig struct {
 	t     *testing.T
 	admin *pgxpool.Pool
-	sim   *processor.Simulator
+	sim   *simulator.Simulator
 	api   *apiProcess
 	c     *client
 }
@@ -34,7 +34,7 @@ type rig struct {
 // newRig starts the API with a simulator configured by sim; the outbox's
 // timeouts are short so that a killed worker's job is rescued in seconds.
 // env overrides the API's settings.
-func newRig(t *testing.T, sim processor.SimConfig, env ...string) *rig {
+func newRig(t *testing.T, sim simulator.Config, env ...string) *rig {
 	t.Helper()
 	// The API's pool (6), its outbox's (2) and maintenance pool (2), the
 	// test's own (2), spare.
@@ -52,7 +52,7 @@ func newRig(t *testing.T, sim processor.SimConfig, env ...string) *rig {
 		return err
 	}))
 
-	r := &rig{t: t, admin: admin, sim: processor.NewSimulator(sim)}
+	r := &rig{t: t, admin: admin, sim: simulator.New(sim)}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &http.Server{Handler: r.sim, ReadHeaderTimeout: 5 * time.Second}
@@ -153,7 +153,7 @@ func TestCrashBetweenCommitAndCharge(t *testing.T) {
 		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
 	}
 	t.Parallel()
-	r := newRig(t, processor.SimConfig{Latency: 3 * time.Second})
+	r := newRig(t, simulator.Config{Latency: 3 * time.Second})
 	ids := r.pay(8, 4)
 	require.Eventually(t, func() bool { return r.sim.Waiting() >= 4 }, 10*time.Second, 10*time.Millisecond,
 		"the workers never called the processor")
@@ -161,7 +161,7 @@ func TestCrashBetweenCommitAndCharge(t *testing.T) {
 	for _, id := range ids {
 		require.Zero(t, r.sim.EffectsFor(id), "charged before the crash: the test did not crash in between")
 	}
-	r.sim.SetConfig(processor.SimConfig{})
+	r.sim.SetConfig(simulator.Config{})
 	require.NoError(t, r.api.start(context.Background()))
 	r.requireChargedOnce(ids, 30*time.Second)
 }
@@ -175,7 +175,7 @@ func TestCrashBetweenChargeAndRecord(t *testing.T) {
 		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
 	}
 	t.Parallel()
-	r := newRig(t, processor.SimConfig{TimeoutRate: 1, Hold: 3 * time.Second})
+	r := newRig(t, simulator.Config{TimeoutRate: 1, Hold: 3 * time.Second})
 	ids := r.pay(8, 4)
 	require.Eventually(t, func() bool { return r.sim.Holding() >= 4 }, 10*time.Second, 10*time.Millisecond,
 		"the processor never charged")
@@ -188,7 +188,7 @@ func TestCrashBetweenChargeAndRecord(t *testing.T) {
 	var recorded int
 	require.NoError(t, r.admin.QueryRow(context.Background(), `SELECT count(*) FROM payments WHERE status <> 'processing'`).Scan(&recorded))
 	require.Less(t, recorded, charged, "every charge was recorded before the crash: the test did not crash in between")
-	r.sim.SetConfig(processor.SimConfig{})
+	r.sim.SetConfig(simulator.Config{})
 	require.NoError(t, r.api.start(context.Background()))
 	r.requireChargedOnce(ids, 30*time.Second)
 }
@@ -203,13 +203,13 @@ func TestCrashDuringTheLastAttempt(t *testing.T) {
 		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
 	}
 	t.Parallel()
-	r := newRig(t, processor.SimConfig{TimeoutRate: 1, Hold: 3 * time.Second},
+	r := newRig(t, simulator.Config{TimeoutRate: 1, Hold: 3 * time.Second},
 		"OUTBOX_MAX_ATTEMPTS=1", "RECONCILE_INTERVAL=1s", "RECONCILE_GRACE=5s")
 	ids := r.pay(4, 4)
 	require.Eventually(t, func() bool { return r.sim.Holding() >= 4 }, 10*time.Second, 10*time.Millisecond,
 		"the processor never charged")
 	r.api.kill9()
-	r.sim.SetConfig(processor.SimConfig{})
+	r.sim.SetConfig(simulator.Config{})
 	require.NoError(t, r.api.start(context.Background()))
 	// Rescue after 6 s, then the reconciler's 5 s grace and 1 s period.
 	r.requireChargedOnce(ids, 60*time.Second)
@@ -227,7 +227,7 @@ func TestOutboxSoak(t *testing.T) {
 		t.Skip("-short skips it: a soak of the outbox; the full test command (and CI) runs it")
 	}
 	t.Parallel()
-	r := newRig(t, processor.SimConfig{ErrorRate: 0.2, DropRate: 0.05, Seed: 7})
+	r := newRig(t, simulator.Config{ErrorRate: 0.2, DropRate: 0.05, Seed: 7})
 	start := time.Now()
 	ids := r.pay(1000, 8)
 	created := time.Since(start)

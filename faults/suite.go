@@ -16,8 +16,8 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
-	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/faultproxy"
 )
 
 // config is every knob of a run.
@@ -135,7 +135,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	// The processor runs here, so its counts can be read: how often money
 	// moved for each payment and refund. It misbehaves too: 10% of calls
 	// fail (nothing charged), 5% are charged and then dropped unanswered.
-	sim := processor.NewSimulator(processor.SimConfig{ErrorRate: 0.1, DropRate: 0.05, Seed: 1})
+	sim := simulator.New(simulator.Config{ErrorRate: 0.1, DropRate: 0.05, Seed: 1})
 	simLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -376,7 +376,7 @@ func proxyPhases(proxy *faultproxy.Proxy, api *apiProcess, l **ledger) ([]string
 
 // verify checks the invariants against the database, once the clients have
 // stopped.
-func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *processor.Simulator) ([]check, error) {
+func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *simulator.Simulator) ([]check, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	dbPayments := map[string]bool{}
@@ -612,7 +612,7 @@ func waitSettled(ctx context.Context, admin *pgxpool.Pool, bound time.Duration) 
 // processorChecks compares the database with the processor: how many are
 // not settled, how many keys the processor executed twice, and how many
 // settled ones disagree with it (succeeded without its effect, failed with it).
-func processorChecks(ctx context.Context, admin *pgxpool.Pool, sim *processor.Simulator) (unsettled, twice, mismatch int, err error) {
+func processorChecks(ctx context.Context, admin *pgxpool.Pool, sim *simulator.Simulator) (unsettled, twice, mismatch int, err error) {
 	rows, err := admin.Query(ctx, `SELECT id::text, status FROM payments UNION ALL SELECT id::text, status FROM refunds`)
 	if err != nil {
 		return 0, 0, 0, err

@@ -17,7 +17,7 @@ import (
 	paymentsclient "github.com/payments-reference/idempotent-payments/client"
 	"github.com/payments-reference/idempotent-payments/examples/webhook-receiver/receiver"
 	"github.com/payments-reference/idempotent-payments/internal/auth"
-	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 )
 
 // Killed (kill -9) while its deliveries were at the receiver, which had
@@ -30,7 +30,7 @@ func TestCrashDuringAWebhookDelivery(t *testing.T) {
 		t.Skip("-short skips it: runs and kills the service binary; the full test command (and CI) runs it")
 	}
 	t.Parallel()
-	r := newRig(t, processor.SimConfig{}, "WEBHOOK_RETRY_SCHEDULE=0s,200ms,200ms,200ms,200ms,200ms,200ms,200ms", "WEBHOOK_TIMEOUT=4s")
+	r := newRig(t, simulator.Config{}, "WEBHOOK_RETRY_SCHEDULE=0s,200ms,200ms,200ms,200ms,200ms,200ms,200ms", "WEBHOOK_TIMEOUT=4s")
 	ctx := context.Background()
 	_, err := r.admin.Exec(ctx, receiver.Schema)
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/testdb"
 )
 
 // A smoke test of the curve: two tiny sizes per key shape, so the pipeline

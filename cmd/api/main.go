@@ -38,7 +38,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/config"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/events"
-	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 )
 
 func main() {
@@ -162,14 +162,14 @@ func healthcheck(ctx context.Context, cfg config.Config) error {
 	return nil
 }
 
-func simConfig(cfg config.Config) processor.SimConfig {
-	return processor.SimConfig{Latency: cfg.Sim.Latency, ErrorRate: cfg.Sim.ErrorRate, DropRate: cfg.Sim.DropRate,
+func simConfig(cfg config.Config) simulator.Config {
+	return simulator.Config{Latency: cfg.Sim.Latency, ErrorRate: cfg.Sim.ErrorRate, DropRate: cfg.Sim.DropRate,
 		TimeoutRate: cfg.Sim.TimeoutRate, Hold: cfg.Sim.Hold, Seed: uint64(time.Now().UnixNano())}
 }
 
 // serveSimulator runs the processor simulator alone, on ADDR, until ctx ends.
 func serveSimulator(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	srv := &http.Server{Addr: cfg.Addr, Handler: processor.NewSimulator(simConfig(cfg)), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Addr: cfg.Addr, Handler: simulator.New(simConfig(cfg)), ReadHeaderTimeout: 5 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("processor simulator listening", "addr", cfg.Addr)

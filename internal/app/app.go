@@ -31,6 +31,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 	"github.com/payments-reference/idempotent-payments/internal/processor/stripe"
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 	"github.com/payments-reference/idempotent-payments/internal/refunds"
@@ -160,7 +161,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		background.Go(func() { sweepEvents(bg, cfg, maint, log) })
 	}
 
-	proc, err := newProcessor(ctx, cfg, log, tel.TracerProvider, processor.SimConfig{Latency: opts.SimLatency, LatencyP99: opts.SimLatencyP99})
+	proc, err := newProcessor(ctx, cfg, log, tel.TracerProvider, simulator.Config{Latency: opts.SimLatency, LatencyP99: opts.SimLatencyP99})
 	if err != nil {
 		return err
 	}
@@ -288,11 +289,11 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 // simulator started in this process on a loopback port, which lives as long
 // as ctx.
 func NewProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider) (processor.Processor, error) {
-	return newProcessor(ctx, cfg, log, tp, processor.SimConfig{})
+	return newProcessor(ctx, cfg, log, tp, simulator.Config{})
 }
 
 // newProcessor is NewProcessor whose simulator answers after sim's latency.
-func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider, sim processor.SimConfig) (processor.Processor, error) {
+func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp trace.TracerProvider, sim simulator.Config) (processor.Processor, error) {
 	url := cfg.ProcessorURL
 	if cfg.Simulated() {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -301,7 +302,7 @@ func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 		}
 		// No fault switches here: they belong to `api processor-sim`.
 		sim.Seed = uint64(time.Now().UnixNano())
-		srv := &http.Server{Handler: processor.NewSimulator(sim), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: simulator.New(sim), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(l) }()
 		context.AfterFunc(ctx, func() { srv.Close() })
 		url = "http://" + l.Addr().String()
@@ -334,16 +335,12 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 	client := urls.Client(cfg.WebhookTimeout, cfg.WebhookWorkers)
 	// Each delivery is a client span, a child of its job's attempt.
 	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithTracerProvider(tel.TracerProvider))
-	workers := river.NewWorkers()
-	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
-	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
 	rec := NewReconciler(cfg, pool, proc, log)
 	if rec.Errors, err = reconcile.NewErrorCounter(tel.MeterProvider); err != nil {
 		return nil, err
 	}
-	river.AddWorker(workers, &reconcile.Worker{Reconciler: rec})
-	river.AddWorker(workers, &webhooks.Deliverer{Pool: pool, Keyring: keyring, Client: client,
-		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts})
+	workers := Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: pool, Keyring: keyring, Client: client,
+		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts}, rec)
 	return outbox.NewClient(pool, workers, outbox.Config{
 		Periodic:       []*river.PeriodicJob{reconcile.Periodic(cfg.ReconcileInterval)},
 		Workers:        cfg.OutboxWorkers,
@@ -357,6 +354,22 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 		TracerProvider: tel.TracerProvider,
 		MeterProvider:  tel.MeterProvider,
 	})
+}
+
+// Workers returns a worker for every job the service enqueues: charges,
+// refunds, webhook deliveries (deliverer), and the reconciler's periodic job
+// when rec is not nil (the handler tests run the reconciler themselves).
+// The service and the handler tests both take their workers from here, so a
+// job kind added here is worked in both.
+func Workers(pool *database.Pool, proc processor.Processor, fanout webhooks.Fanout, deliverer *webhooks.Deliverer, rec *reconcile.Reconciler) *river.Workers {
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
+	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
+	river.AddWorker(workers, deliverer)
+	if rec != nil {
+		river.AddWorker(workers, &reconcile.Worker{Reconciler: rec})
+	}
+	return workers
 }
 
 // registerLivemode reports processor_livemode: 1 when payments move real

@@ -169,6 +169,9 @@ type Config struct {
 	WebhookTimeout time.Duration
 	// WebhookSchedule is when each delivery attempt is made after the
 	// previous failed; its length is the attempts (WEBHOOK_RETRY_SCHEDULE).
+	// The default is the Standard Webhooks specification's example: eight
+	// attempts over about 28 hours; a receiver down for longer misses the
+	// event (it stays listable in GET /v1/events for 30 days).
 	WebhookSchedule []time.Duration
 	// ShutdownTimeout bounds graceful shutdown after SIGTERM (SHUTDOWN_TIMEOUT).
 	ShutdownTimeout time.Duration

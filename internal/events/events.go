@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/validation"
+	"github.com/payments-reference/idempotent-payments/internal/keyset"
 )
 
 // Retention is how long an event is kept, and listable: the promise
@@ -118,21 +118,13 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 	if err != nil {
 		return nil, false, fmt.Errorf("list events: %w", err)
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Event, error) { return scan(row) })
-	if err != nil {
-		return nil, false, fmt.Errorf("list events: %w", err)
-	}
-	if len(list) == 0 && after != nil {
-		if _, err := Get(ctx, db, principal, *after); errors.Is(err, ErrNotFound) {
-			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
-		} else if err != nil {
-			return nil, false, err
+	return keyset.Page(rows, limit, scan, after, func(id uuid.UUID) (bool, error) {
+		_, err := Get(ctx, db, principal, id)
+		if errors.Is(err, ErrNotFound) {
+			return false, nil
 		}
-	}
-	if len(list) > limit {
-		return list[:limit], true, nil
-	}
-	return list, false, nil
+		return err == nil, err
+	})
 }
 
 // Fanout queues, on a batch of the transaction that records an event, what

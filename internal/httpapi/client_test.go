@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/client"
-	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/faultproxy"
 )
 
 // losingTransport loses a share of the responses to POSTs on their way back:

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/faultproxy"
 )
 
 // postCutInTrigger sends a payment while trigger (a CREATE TRIGGER naming

@@ -2,20 +2,15 @@ package httpapi
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"strconv"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
-	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
-	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
 // paymentRoutes serves /v1/payments.
@@ -82,96 +77,4 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	a.respond(w, r, list, err)
-}
-
-// origin names the request that executes, for the events of what it creates.
-func origin(w idempotency.Work) events.Request {
-	return events.Request{ID: &w.RequestID, IdempotencyKey: &w.Key}
-}
-
-// page is a list request's window: at most limit items, after the one
-// whose id is after (nil: from the first).
-type page struct {
-	after *uuid.UUID
-	limit int
-}
-
-// parsePage reads ?limit= (1 to most, default most) and ?starting_after=
-// (the id of the last item of the previous page).
-func parsePage(r *http.Request, most int) (page, error) {
-	pg := page{limit: most}
-	var c validation.Collector
-	q := r.URL.Query()
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > most {
-			c.Add("limit", fmt.Sprintf("must be an integer from 1 to %d", most))
-		}
-		pg.limit = n
-	}
-	if v := q.Get("starting_after"); v != "" {
-		id, err := uuid.Parse(v)
-		if err != nil {
-			c.Add("starting_after", validation.NotAListItem)
-		}
-		pg.after = &id
-	}
-	return pg, c.Err()
-}
-
-// pathID reads the {id} path parameter. Anything that is not a UUID cannot
-// name a resource, so it is answered like a missing one.
-func pathID(r *http.Request) (uuid.UUID, error) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
-		return uuid.UUID{}, errNotFound
-	}
-	return id, nil
-}
-
-// rederive re-renders a stored 201 response from the resource it showed,
-// read with get, for replays whose body was too large to store.
-func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID, uuid.UUID) (T, error)) func(context.Context, pgx.Tx, uuid.UUID, string) (idempotency.Response, error) {
-	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) (idempotency.Response, error) {
-		id, err := uuid.Parse(ref)
-		if err != nil {
-			return idempotency.Response{}, fmt.Errorf("stored resource reference %q: %w", ref, err)
-		}
-		v, err := get(ctx, tx, principal, id)
-		if err != nil {
-			return idempotency.Response{}, err
-		}
-		return renderJSON(http.StatusCreated, v)
-	}
-}
-
-// read runs fn in a read-only transaction that authenticates the caller
-// first and then sees only the caller's rows. fn gets the caller's
-// principal, to name in its statements (docs/scaling.md).
-func (a *api) read(r *http.Request, fn func(context.Context, pgx.Tx, uuid.UUID) error) error {
-	creds, scope, err := caller(r)
-	if err != nil {
-		return err
-	}
-	return database.InTx(r.Context(), a.pool, database.TxOptions{ReadOnly: true}, func(tx pgx.Tx) error {
-		p, err := creds.Authenticate(r.Context(), tx, scope)
-		if err != nil {
-			return err
-		}
-		return fn(r.Context(), tx, p.ID)
-	})
-}
-
-// respond writes v as a 200 JSON body, or the problem err maps to.
-func (a *api) respond(w http.ResponseWriter, r *http.Request, v any, err error) {
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	resp, err := renderJSON(http.StatusOK, v)
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	writeResponse(w, resp)
 }

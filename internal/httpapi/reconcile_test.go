@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 )
 
@@ -22,16 +22,16 @@ func TestAnUnknownOutcomeWaitsForReconciliation(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name       string
-		fault      processor.SimConfig
+		fault      simulator.Config
 		status     string
 		reason     any
 		effects    int
 		processor  bool // a processor id is recorded
 		lookupDown bool // the first reconciliation finds the processor down
 	}{
-		{name: "charged, every reply lost", fault: processor.SimConfig{DropRate: 1},
+		{name: "charged, every reply lost", fault: simulator.Config{DropRate: 1},
 			status: "succeeded", reason: nil, effects: 1, processor: true},
-		{name: "never processed, the processor down", fault: processor.SimConfig{ErrorRate: 1},
+		{name: "never processed, the processor down", fault: simulator.Config{ErrorRate: 1},
 			status: "failed", reason: "not_processed", effects: 0, lookupDown: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -58,7 +58,7 @@ func TestAnUnknownOutcomeWaitsForReconciliation(t *testing.T) {
 				require.Equal(t, reconcile.Result{Examined: 1, Waiting: 1}, res, "a processor that cannot answer leaves it waiting")
 				require.Equal(t, "requires_reconciliation", decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)["status"])
 			}
-			b.sim.SetConfig(processor.SimConfig{})
+			b.sim.SetConfig(simulator.Config{})
 			res, err := b.reconciler.Run(context.Background())
 			require.NoError(t, err)
 			require.Equal(t, 1, res.Examined)
@@ -89,7 +89,7 @@ func TestAnUnknownRefundKeepsItsAmountCounted(t *testing.T) {
 	k := b.newKey(t, "acme", allScopes...)
 	pay := b.createPayment(t, k.Secret, 1000)
 
-	b.sim.SetConfig(processor.SimConfig{DropRate: 1})
+	b.sim.SetConfig(simulator.Config{DropRate: 1})
 	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-1", `{"amount": 400}`)
 	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
 	refund := decode(t, r.Body)["id"].(string)
@@ -99,7 +99,7 @@ func TestAnUnknownRefundKeepsItsAmountCounted(t *testing.T) {
 	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-2", `{"amount": 1000}`),
 		http.StatusUnprocessableEntity, "refund-exceeds-payment")
 
-	b.sim.SetConfig(processor.SimConfig{})
+	b.sim.SetConfig(simulator.Config{})
 	lookups := &recordedLookups{Processor: b.reconciler.Processor}
 	b.reconciler.Processor = lookups
 	res, err := b.reconciler.Run(context.Background())
@@ -168,49 +168,6 @@ func TestAPaymentWhoseJobWasDeletedIsReconciled(t *testing.T) {
 	got := decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)
 	require.Equal(t, "failed", got["status"])
 	require.Equal(t, "not_processed", got["failure_reason"])
-}
-
-// gauge reads the current value of a gauge the service reports; it fails the
-// test when there is no such gauge.
-func (b *testBundle) gauge(t *testing.T, name string) float64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, b.metrics.Collect(context.Background(), &rm))
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			switch d := m.Data.(type) {
-			case metricdata.Gauge[int64]:
-				require.Len(t, d.DataPoints, 1)
-				return float64(d.DataPoints[0].Value)
-			case metricdata.Gauge[float64]:
-				require.Len(t, d.DataPoints, 1)
-				return d.DataPoints[0].Value
-			}
-		}
-	}
-	require.Failf(t, "no such gauge", "%s", name)
-	return 0
-}
-
-// counter reads the value of an int64 counter the service reported.
-func (b *testBundle) counter(t *testing.T, name string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, b.metrics.Collect(context.Background(), &rm))
-	var total int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
-				for _, p := range d.DataPoints {
-					total += p.Value
-				}
-			}
-		}
-	}
-	return total
 }
 
 // A payment whose commit is lost after its charge went out (a lossy

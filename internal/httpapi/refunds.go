@@ -110,12 +110,3 @@ func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
 	})
 	a.respond(w, r, refund, err)
 }
-
-// storedProblem is a business rejection that happened after execution began:
-// an outcome of the request, stored as failed and replayed byte for byte.
-func storedProblem(r *http.Request, t problemType, detail string) idempotency.Outcome {
-	return idempotency.Outcome{
-		Response: idempotency.Response{Status: t.status, ContentType: ContentTypeProblem, Body: newProblem(t, detail).render(r)},
-		Failed:   true,
-	}
-}

@@ -12,34 +12,10 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 )
 
-// createPayment makes a payment of amount, waits until the outbox worker has
-// charged it, and returns its id.
-func (b *testBundle) createPayment(t *testing.T, secret string, amount int) string {
-	t.Helper()
-	r := b.post(t, "/v1/payments", secret, "payment-"+t.Name()+"-"+randomSuffix(), `{"amount": `+itoa(amount)+`, "currency": "eur"}`)
-	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
-	id := decode(t, r.Body)["id"].(string)
-	require.Equal(t, "succeeded", b.settled(t, "/v1/payments/"+id, secret)["status"])
-	return id
-}
-
 // settleWithin is generous: the outbox competes for a loaded machine's two
 // cores with every other test binary of the run, and the wait ends as soon as
 // the status changes.
 const settleWithin = time.Minute
-
-// settled polls a payment or refund until it leaves its first status
-// (processing, pending) and returns it.
-func (b *testBundle) settled(t *testing.T, path, secret string) map[string]any {
-	t.Helper()
-	var last map[string]any
-	require.Eventually(t, func() bool {
-		r := b.get(t, path, secret)
-		last = decode(t, r.Body)
-		return r.Status == http.StatusOK && last["status"] != "processing" && last["status"] != "pending"
-	}, settleWithin, 20*time.Millisecond, "never settled: %v", last)
-	return last
-}
 
 func TestRefundAPayment(t *testing.T) {
 	t.Parallel()

@@ -19,25 +19,25 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/payments-reference/idempotent-payments/internal/app"
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/faultproxy"
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
-	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
-	"github.com/payments-reference/idempotent-payments/internal/refunds"
-	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/faultproxy"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/testdb"
 	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
@@ -123,7 +123,7 @@ type testBundle struct {
 	maint   *database.Pool    // the maintenance role: sweeps and gauges
 	proxy   *faultproxy.Proxy // nil unless options.faultProxy
 	// sim is the processor the outbox workers call.
-	sim *processor.Simulator
+	sim *simulator.Simulator
 	// reconciler settles what the outbox left undecided; tests run it
 	// by hand, with no grace period.
 	reconciler *reconcile.Reconciler
@@ -204,7 +204,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 
 	require.NoError(t, idempotency.RegisterStoreMetrics(mp, maint, 0))
 	require.NoError(t, outbox.RegisterMetrics(mp, maint, 0))
-	b.sim = processor.NewSimulator(processor.SimConfig{})
+	b.sim = simulator.New(simulator.Config{})
 	var simHandler http.Handler = b.sim
 	if o.processor != nil {
 		simHandler = o.processor(b.sim)
@@ -235,11 +235,8 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	require.NoError(t, err)
 	whClient := o.urls.Client(o.webhookTimeout, webhookWorkers)
 	whClient.Transport = otelhttp.NewTransport(whClient.Transport, otelhttp.WithTracerProvider(tp))
-	workers := river.NewWorkers()
-	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
-	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
-	river.AddWorker(workers, &webhooks.Deliverer{Pool: pool, Keyring: testKeyring, Client: whClient,
-		Schedule: o.webhookSchedule, AttemptTimeout: o.webhookTimeout, Attempts: attempts})
+	workers := app.Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: pool, Keyring: testKeyring, Client: whClient,
+		Schedule: o.webhookSchedule, AttemptTimeout: o.webhookTimeout, Attempts: attempts}, nil)
 	jobs, err := outbox.NewClient(pool, workers, outbox.Config{
 		Workers: outboxWorkers, WebhookWorkers: webhookWorkers, JobTimeout: o.jobTimeout, RescueAfter: 3 * o.jobTimeout,
 		MaxAttempts: o.maxAttempts, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
@@ -493,4 +490,80 @@ func concurrently(n int, fn func(i int)) {
 	}
 	close(start)
 	wg.Wait()
+}
+
+// webhookScopes is what a key that manages webhooks and reads events holds.
+var webhookScopes = append([]string{auth.ScopeEventsRead, auth.ScopeWebhooksWrite}, allScopes...)
+
+// createPayment makes a payment of amount, waits until the outbox worker has
+// charged it, and returns its id.
+func (b *testBundle) createPayment(t *testing.T, secret string, amount int) string {
+	t.Helper()
+	r := b.post(t, "/v1/payments", secret, "payment-"+t.Name()+"-"+randomSuffix(), `{"amount": `+itoa(amount)+`, "currency": "eur"}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	id := decode(t, r.Body)["id"].(string)
+	require.Equal(t, "succeeded", b.settled(t, "/v1/payments/"+id, secret)["status"])
+	return id
+}
+
+// settled polls a payment or refund until it leaves its first status
+// (processing, pending) and returns it.
+func (b *testBundle) settled(t *testing.T, path, secret string) map[string]any {
+	t.Helper()
+	var last map[string]any
+	require.Eventually(t, func() bool {
+		r := b.get(t, path, secret)
+		last = decode(t, r.Body)
+		return r.Status == http.StatusOK && last["status"] != "processing" && last["status"] != "pending"
+	}, settleWithin, 20*time.Millisecond, "never settled: %v", last)
+	return last
+}
+
+// gauge reads the current value of a gauge the service reports; it fails the
+// test when there is no such gauge.
+func (b *testBundle) gauge(t *testing.T, name string) float64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, b.metrics.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				require.Len(t, d.DataPoints, 1)
+				return float64(d.DataPoints[0].Value)
+			case metricdata.Gauge[float64]:
+				require.Len(t, d.DataPoints, 1)
+				return d.DataPoints[0].Value
+			}
+		}
+	}
+	require.Failf(t, "no such gauge", "%s", name)
+	return 0
+}
+
+// counter reads the value of an int64 counter the service reported.
+func (b *testBundle) counter(t *testing.T, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, b.metrics.Collect(context.Background(), &rm))
+	var total int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, p := range d.DataPoints {
+					total += p.Value
+				}
+			}
+		}
+	}
+	return total
+}
+
+// effects counts what the receiver applied for an object.
+func (b *testBundle) effects(t *testing.T, objectID string) int {
+	t.Helper()
+	return b.count(t, `SELECT count(*) FROM effects WHERE object_id = $1`, objectID)
 }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
-	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 )
 
@@ -128,7 +128,7 @@ func requireStorable(t *testing.T, s string) {
 func TestReconcilerGoesOnPastARowItCannotSettle(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *options) { o.maxAttempts = 1 })
-	b.sim.SetConfig(processor.SimConfig{DropRate: 1}) // charged, every reply lost
+	b.sim.SetConfig(simulator.Config{DropRate: 1}) // charged, every reply lost
 	k := b.newKey(t, "acme", allScopes...)
 	var ids []string
 	for i := range 2 {
@@ -145,7 +145,7 @@ func TestReconcilerGoesOnPastARowItCannotSettle(t *testing.T) {
 		CREATE TRIGGER refuse_settle BEFORE UPDATE ON payments FOR EACH ROW
 			WHEN (OLD.id = '`+ids[0]+`') EXECUTE FUNCTION refuse_settle();`)
 	require.NoError(t, err)
-	b.sim.SetConfig(processor.SimConfig{})
+	b.sim.SetConfig(simulator.Config{})
 
 	res, err := b.reconciler.Run(context.Background())
 	require.NoError(t, err)

@@ -23,9 +23,6 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
-// webhookScopes is what a key that manages webhooks and reads events holds.
-var webhookScopes = append([]string{auth.ScopeEventsRead, auth.ScopeWebhooksWrite}, allScopes...)
-
 // delivery is one request a test receiver got.
 type delivery struct {
 	header http.Header
@@ -90,12 +87,6 @@ func (rc *testReceiver) deliveries() []delivery {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	return append([]delivery(nil), rc.got...)
-}
-
-// effects counts what the receiver applied for an object.
-func (b *testBundle) effects(t *testing.T, objectID string) int {
-	t.Helper()
-	return b.count(t, `SELECT count(*) FROM effects WHERE object_id = $1`, objectID)
 }
 
 // registerEndpoint registers url and returns the endpoint as created.

@@ -13,7 +13,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
-	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/testdb"
 )
 
 // Without a synchronous standby (this server has none), a replay of a live

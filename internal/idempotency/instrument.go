@@ -13,14 +13,10 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
-
-	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
-// Executor runs Operations under idempotency keys (protocol.go).
-type Executor struct {
-	pool     *database.Pool
-	cfg      Config
+// instruments are the Executor's tracer and metrics.
+type instruments struct {
 	tracer   trace.Tracer
 	requests metric.Int64Counter
 	claimDur metric.Float64Histogram
@@ -29,9 +25,7 @@ type Executor struct {
 // instrumentationName names this package's tracer and meter.
 const instrumentationName = "github.com/payments-reference/idempotent-payments/internal/idempotency"
 
-// NewExecutor returns an Executor that runs its transactions on pool, which
-// must connect as the service role so row-level security applies.
-func NewExecutor(pool *database.Pool, cfg Config) (*Executor, error) {
+func newInstruments(cfg Config) (instruments, error) {
 	tp, mp := cfg.TracerProvider, cfg.MeterProvider
 	if tp == nil {
 		tp = tracenoop.NewTracerProvider()
@@ -43,16 +37,16 @@ func NewExecutor(pool *database.Pool, cfg Config) (*Executor, error) {
 	requests, err := meter.Int64Counter("idempotency_requests",
 		metric.WithDescription("Requests that reached the idempotency store, by endpoint and outcome (claimed, replayed, conflict, mismatch, quota_exceeded)."))
 	if err != nil {
-		return nil, fmt.Errorf("idempotency_requests counter: %w", err)
+		return instruments{}, fmt.Errorf("idempotency_requests counter: %w", err)
 	}
 	claimDur, err := meter.Float64Histogram("idempotency_claim_duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Time of the claim statement alone, including any wait for a concurrent duplicate, by endpoint."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1))
 	if err != nil {
-		return nil, fmt.Errorf("idempotency_claim_duration histogram: %w", err)
+		return instruments{}, fmt.Errorf("idempotency_claim_duration histogram: %w", err)
 	}
-	return &Executor{pool: pool, cfg: cfg, tracer: tp.Tracer(instrumentationName), requests: requests, claimDur: claimDur}, nil
+	return instruments{tracer: tp.Tracer(instrumentationName), requests: requests, claimDur: claimDur}, nil
 }
 
 // observation is one Do's span and metrics. The span, named "idempotency",
@@ -60,17 +54,18 @@ func NewExecutor(pool *database.Pool, cfg Config) (*Executor, error) {
 // or the response); a replay's span links to the span of the attempt that
 // did the work, whose traceparent the claim stores.
 type observation struct {
-	e           *Executor
+	inst        instruments
 	req         Request
 	span        trace.Span
 	traceParent string
 }
 
-func (e *Executor) observe(ctx context.Context, req Request) (context.Context, *observation) {
-	ctx, span := e.tracer.Start(ctx, "idempotency", trace.WithAttributes(
+// observe starts req's span.
+func (in instruments) observe(ctx context.Context, req Request) (context.Context, *observation) {
+	ctx, span := in.tracer.Start(ctx, "idempotency", trace.WithAttributes(
 		attribute.String("idempotency.endpoint", req.Endpoint),
 	))
-	return ctx, &observation{e: e, req: req, span: span, traceParent: formatTraceParent(span.SpanContext())}
+	return ctx, &observation{inst: in, req: req, span: span, traceParent: formatTraceParent(span.SpanContext())}
 }
 
 // authenticated names the principal the claim's round trip authenticated.
@@ -81,7 +76,7 @@ func (o *observation) authenticated(principal uuid.UUID) {
 // claimed records the claim's round trip (authentication, claim, lookup),
 // waits included.
 func (o *observation) claimed(ctx context.Context, start time.Time) {
-	o.e.claimDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("endpoint", o.req.Endpoint)))
+	o.inst.claimDur.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("endpoint", o.req.Endpoint)))
 }
 
 // end records the outcome and ends the span. A mismatch, a conflict and a
@@ -89,7 +84,7 @@ func (o *observation) claimed(ctx context.Context, start time.Time) {
 func (o *observation) end(ctx context.Context, outcome string, err error) {
 	if outcome != "" {
 		o.span.SetAttributes(attribute.String("idempotency.outcome", outcome))
-		o.e.requests.Add(ctx, 1, metric.WithAttributes(
+		o.inst.requests.Add(ctx, 1, metric.WithAttributes(
 			attribute.String("endpoint", o.req.Endpoint), attribute.String("outcome", outcome)))
 	}
 	if err != nil && outcome != OutcomeMismatch && outcome != OutcomeConflict && outcome != OutcomeQuotaExceeded {

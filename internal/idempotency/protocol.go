@@ -14,8 +14,9 @@ import (
 )
 
 // This file is the protocol, top to bottom: claim, wait, replay, take over,
-// execute, complete. Its SQL is in store.go, one statement per step; its
-// spans and metrics are in instrument.go, around it.
+// execute, complete, and the Executor that runs it. Its SQL is in store.go,
+// one statement per step; its spans and metrics are in instrument.go,
+// around it.
 
 // maxClaimAttempts bounds the loop in run. A second attempt is needed only
 // when the conflicting row vanished between the claim and the lookup.
@@ -24,6 +25,23 @@ const maxClaimAttempts = 3
 // errResponseTooLarge is a programming error: an endpoint whose responses
 // can exceed the cap must set Outcome.ResourceRef.
 var errResponseTooLarge = errors.New("response over the storage cap and no resource reference to store instead")
+
+// Executor runs Operations under idempotency keys.
+type Executor struct {
+	pool *database.Pool
+	cfg  Config
+	inst instruments // instrument.go
+}
+
+// NewExecutor returns an Executor that runs its transactions on pool, which
+// must connect as the service role so row-level security applies.
+func NewExecutor(pool *database.Pool, cfg Config) (*Executor, error) {
+	inst, err := newInstruments(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Executor{pool: pool, cfg: cfg, inst: inst}, nil
+}
 
 // Do runs op under req's key in one transaction, or replays the response an
 // earlier attempt stored:
@@ -48,7 +66,7 @@ var errResponseTooLarge = errors.New("response over the storage cap and no resou
 // request takes four round trips (BEGIN, step 1, the operation's writes
 // with the response, COMMIT), a replay three (docs/performance.md).
 func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, error) {
-	ctx, obs := e.observe(ctx, req)
+	ctx, obs := e.inst.observe(ctx, req)
 	res, outcome, err := e.run(ctx, req, op, obs)
 	obs.end(ctx, outcome, err)
 	return res, err

@@ -13,7 +13,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
-	"github.com/payments-reference/idempotent-payments/internal/testdb"
+	"github.com/payments-reference/idempotent-payments/internal/testsupport/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/events"
+	"github.com/payments-reference/idempotent-payments/internal/keyset"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
@@ -256,23 +257,13 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 	if err != nil {
 		return nil, false, fmt.Errorf("list payments: %w", err)
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) { return scanOne(row) })
-	if err != nil {
-		return nil, false, fmt.Errorf("list payments: %w", err)
-	}
-	if len(list) == 0 && after != nil {
-		// No page after an unknown cursor: say so rather than answer an
-		// empty page that reads as the end of the list.
-		if _, err := Get(ctx, db, principal, *after); errors.Is(err, ErrNotFound) {
-			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
-		} else if err != nil {
-			return nil, false, err
+	return keyset.Page(rows, limit, scanOne, after, func(id uuid.UUID) (bool, error) {
+		_, err := Get(ctx, db, principal, id)
+		if errors.Is(err, ErrNotFound) {
+			return false, nil
 		}
-	}
-	if len(list) > limit {
-		return list[:limit], true, nil
-	}
-	return list, false, nil
+		return err == nil, err
+	})
 }
 
 // Settle records the processor's answer for principal's payment p, not yet decided

@@ -110,14 +110,6 @@ func (e *RejectedError) Error() string {
 	return fmt.Sprintf("processor rejected the request (%d): %s", e.Status, e.Detail)
 }
 
-// Definite reports whether err is an answer that repeating the call cannot
-// change, as opposed to an unknown outcome.
-func Definite(err error) bool {
-	var d *DeclineError
-	var r *RejectedError
-	return errors.As(err, &d) || errors.As(err, &r)
-}
-
 // Verdict is what a processor's answer means for the money.
 type Verdict int
 

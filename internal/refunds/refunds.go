@@ -25,6 +25,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/events"
+	"github.com/payments-reference/idempotent-payments/internal/keyset"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
@@ -292,21 +293,11 @@ func List(ctx context.Context, db database.DBTX, principal, paymentID uuid.UUID,
 	if err != nil {
 		return nil, false, fmt.Errorf("list refunds: %w", err)
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Refund, error) { return scan(row) })
-	if err != nil {
-		return nil, false, fmt.Errorf("list refunds: %w", err)
-	}
-	if len(list) == 0 && after != nil {
-		r, err := Get(ctx, db, principal, *after)
-		if errors.Is(err, ErrNotFound) || err == nil && r.PaymentID != paymentID {
-			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
+	return keyset.Page(rows, limit, scan, after, func(id uuid.UUID) (bool, error) {
+		r, err := Get(ctx, db, principal, id)
+		if errors.Is(err, ErrNotFound) {
+			return false, nil
 		}
-		if err != nil {
-			return nil, false, err
-		}
-	}
-	if len(list) > limit {
-		return list[:limit], true, nil
-	}
-	return list, false, nil
+		return err == nil && r.PaymentID == paymentID, err
+	})
 }

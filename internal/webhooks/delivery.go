@@ -23,13 +23,6 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 )
 
-// DefaultSchedule is when each attempt of a delivery is made, counted from
-// the previous failure: the Standard Webhooks specification's example. Eight
-// attempts over about 28 hours; a receiver that is down for longer misses
-// the event (it stays listable in GET /v1/events for 30 days).
-var DefaultSchedule = []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute,
-	2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
-
 // DeliveryArgs is the outbox job that delivers one event to one endpoint.
 type DeliveryArgs struct {
 	EventID    uuid.UUID `json:"event_id"`

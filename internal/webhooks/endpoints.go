@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/keyset"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
@@ -255,25 +256,14 @@ func ListDeliveries(ctx context.Context, db database.DBTX, principal, endpointID
 	if err != nil {
 		return nil, false, fmt.Errorf("list webhook deliveries: %w", err)
 	}
-	list, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Delivery, error) {
+	scan := func(row pgx.Row) (Delivery, error) {
 		var d Delivery
 		err := row.Scan(&d.ID, &d.EndpointID, &d.EventID, &d.Attempt, &d.StatusCode, &d.Error, &d.DurationMS, &d.CreatedAt)
 		return d, err
-	})
-	if err != nil {
-		return nil, false, fmt.Errorf("list webhook deliveries: %w", err)
 	}
-	if len(list) == 0 && after != nil {
+	return keyset.Page(rows, limit, scan, after, func(id uuid.UUID) (bool, error) {
 		var exists bool
-		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM webhook_deliveries WHERE principal_id = $1 AND id = $2 AND endpoint_id = $3)`, principal, *after, endpointID).Scan(&exists); err != nil {
-			return nil, false, fmt.Errorf("list webhook deliveries: %w", err)
-		}
-		if !exists {
-			return nil, false, validation.Invalid("starting_after", validation.NotAListItem)
-		}
-	}
-	if len(list) > limit {
-		return list[:limit], true, nil
-	}
-	return list, false, nil
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM webhook_deliveries WHERE principal_id = $1 AND id = $2 AND endpoint_id = $3)`, principal, id, endpointID).Scan(&exists)
+		return exists, err
+	})
 }

@@ -4,7 +4,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -66,16 +65,4 @@ func (k Keyring) Sign(e Endpoint, msgID string, at time.Time, body []byte) (stri
 		sigs = append(sigs, sig)
 	}
 	return strings.Join(sigs, " "), nil
-}
-
-// ParseKey decodes WEBHOOK_SIGNING_KEY (standard base64).
-func ParseKey(s string) ([]byte, error) {
-	key, err := base64.StdEncoding.DecodeString(s)
-	if err != nil {
-		return nil, errors.New("want standard base64, like the output of `openssl rand -base64 32`")
-	}
-	if len(key) < MinKeyBytes {
-		return nil, fmt.Errorf("decodes to %d bytes, want at least %d (`openssl rand -base64 32`)", len(key), MinKeyBytes)
-	}
-	return key, nil
 }

@@ -1,4 +1,4 @@
-package processor
+package simulator
 
 import (
 	"math/rand/v2"
@@ -12,7 +12,7 @@ import (
 func TestDrawLatencyHasTheAskedMedianAndP99(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
-	cfg := SimConfig{Latency: 300 * time.Millisecond, LatencyP99: 800 * time.Millisecond}
+	cfg := Config{Latency: 300 * time.Millisecond, LatencyP99: 800 * time.Millisecond}
 	draws := make([]time.Duration, 100_000)
 	for i := range draws {
 		draws[i] = drawLatency(rng, cfg)
@@ -26,7 +26,7 @@ func TestDrawLatencyHasTheAskedMedianAndP99(t *testing.T) {
 	within("median", draws[len(draws)/2], cfg.Latency, 0.02)
 	within("p99", draws[len(draws)*99/100], cfg.LatencyP99, 0.05)
 
-	if got := drawLatency(rng, SimConfig{Latency: 300 * time.Millisecond}); got != 300*time.Millisecond {
+	if got := drawLatency(rng, Config{Latency: 300 * time.Millisecond}); got != 300*time.Millisecond {
 		t.Errorf("without a tail the latency is fixed: got %s", got)
 	}
 }

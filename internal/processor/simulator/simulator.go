@@ -1,4 +1,4 @@
-package processor
+package simulator
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"time"
 )
 
-// SimConfig switches the simulator's misbehaviour. Rates are probabilities
+// Config switches the simulator's misbehaviour. Rates are probabilities
 // per request, drawn independently.
-type SimConfig struct {
+type Config struct {
 	// Latency passes before a request is processed. A caller that gave up
 	// meanwhile is not charged: its request never arrived.
 	Latency time.Duration
@@ -43,7 +43,7 @@ type SimConfig struct {
 // moved, which is what the tests check.
 type Simulator struct {
 	mu      sync.Mutex
-	cfg     SimConfig
+	cfg     Config
 	rng     *rand.Rand
 	records map[string]*record
 	charges map[string]*record // succeeded charges by key, for refunds
@@ -63,13 +63,13 @@ type record struct {
 }
 
 // NewSimulator returns a simulator with cfg's switches.
-func NewSimulator(cfg SimConfig) *Simulator {
+func New(cfg Config) *Simulator {
 	return &Simulator{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		records: map[string]*record{}, charges: map[string]*record{}, effects: map[string]int{}, keyOf: map[string]string{}}
 }
 
 // SetConfig changes the switches; requests already waiting keep the old ones.
-func (s *Simulator) SetConfig(cfg SimConfig) {
+func (s *Simulator) SetConfig(cfg Config) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cfg = cfg
@@ -192,7 +192,7 @@ func (s *Simulator) lookup(w http.ResponseWriter, key string) {
 // drawLatency is one request's latency under cfg: Latency, or a log-normal
 // draw when LatencyP99 gives a tail. ln(latency) ~ N(ln median, sigma) with
 // sigma = ln(p99/median) / z(0.99).
-func drawLatency(rng *rand.Rand, cfg SimConfig) time.Duration {
+func drawLatency(rng *rand.Rand, cfg Config) time.Duration {
 	if cfg.LatencyP99 <= cfg.Latency || cfg.Latency <= 0 {
 		return cfg.Latency
 	}
