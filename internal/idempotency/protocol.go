@@ -74,19 +74,13 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 
 // run is Do without the instruments. It returns the outcome to record.
 func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *observation) (res Result, outcome string, err error) {
-	principal := req.Principal
+	var principal uuid.UUID
 	err = database.InTx(ctx, e.pool, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		caller := req.Authenticate(b)
-		if principal == uuid.Nil {
-			// The claim names its principal, which only the authentication
-			// can tell the first time this process sees the caller's key:
-			// authenticate in a round trip of its own.
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
-				return fmt.Errorf("authenticate: %w", err)
-			}
-			b, principal = &pgx.Batch{}, *caller
+		b, caller, err := authenticate(ctx, tx, req)
+		if err != nil {
+			return err
 		}
+		principal = caller.named
 		for range maxClaimAttempts {
 			// 1. Claim. The unique index on (principal, endpoint, key) is the
 			// only concurrency control: a concurrent attempt's uncommitted
@@ -94,18 +88,6 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			// LOCK_TIMEOUT), and then it sees the outcome.
 			var c claimed
 			queueClaim(b, principal, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, &c)
-			// Where COMMITs wait for a synchronous standby, a replay's
-			// transaction writes WAL too (a logical message, which touches
-			// no table), so that its COMMIT waits like a write's for the
-			// standby to have the WAL up to it, the original's included. A
-			// row whose own COMMIT gave up waiting is committed on the
-			// primary only (a failover loses it); its replay then answers
-			// outcome-unknown while the standby lags, never a 201 the
-			// standby never saw. A transaction that writes no WAL commits
-			// without waiting, whatever synchronous_commit says; without a
-			// standby the replay stays a read.
-			b.Queue(`SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
-				THEN pg_logical_emit_message(true, 'idempotency', 'replay') END`)
 			start := time.Now()
 			err := tx.SendBatch(ctx, b).Close()
 			obs.claimed(ctx, start)
@@ -117,17 +99,15 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 				return fmt.Errorf("claim key: %w", err)
 			}
 			b = &pgx.Batch{}
-			if *caller != principal {
-				// Cannot happen (a key's principal never changes), and
-				// row-level security would have refused the claim's row.
-				return fmt.Errorf("claim key: named principal %s, authenticated %s", principal, *caller)
+			if err := caller.check(); err != nil {
+				return err
 			}
 			obs.authenticated(principal)
 			if c.owned {
 				// The quota is checked once the claim is ours: a principal at
 				// its limit may still replay, but may not claim a new key,
 				// and this claim then rolls back.
-				if err := e.allowNew(ctx, tx, principal); err != nil {
+				if err := e.cfg.Quota.allowNew(ctx, tx, principal); err != nil {
 					outcome = OutcomeQuotaExceeded
 					return err
 				}
@@ -138,7 +118,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 				// the expired row over; if another late retry took it first,
 				// the UPDATE waited for it and, re-checking expires_at,
 				// takes nothing: claim again and replay that one.
-				if err := e.allowNew(ctx, tx, principal); err != nil {
+				if err := e.cfg.Quota.allowNew(ctx, tx, principal); err != nil {
 					outcome = OutcomeQuotaExceeded
 					return err
 				}
@@ -184,21 +164,6 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 		e.cfg.Quota.Record(principal)
 	}
 	return res, OutcomeClaimed, nil
-}
-
-// allowNew returns ErrQuotaExceeded when principal may not take a new key.
-func (e *Executor) allowNew(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error {
-	if e.cfg.Quota == nil {
-		return nil
-	}
-	ok, err := e.cfg.Quota.Allow(ctx, tx, principal)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return ErrQuotaExceeded
-	}
-	return nil
 }
 
 // execute runs op in the transaction that owns the key and stores its

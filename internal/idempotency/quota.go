@@ -101,6 +101,22 @@ func (q *Quota) Allow(ctx context.Context, db database.DBTX, principal uuid.UUID
 	return c.count < q.limit, nil
 }
 
+// allowNew returns ErrQuotaExceeded when principal may not take a new key;
+// a nil Quota allows every key.
+func (q *Quota) allowNew(ctx context.Context, db database.DBTX, principal uuid.UUID) error {
+	if q == nil {
+		return nil
+	}
+	ok, err := q.Allow(ctx, db, principal)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return ErrQuotaExceeded
+	}
+	return nil
+}
+
 // Record counts one committed claim of principal.
 func (q *Quota) Record(principal uuid.UUID) {
 	q.mu.Lock()

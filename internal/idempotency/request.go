@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // MaxKeyLength is the longest accepted Idempotency-Key.
@@ -148,4 +150,40 @@ func IntentKey(principal uuid.UUID, s Scope, fingerprint []byte) string {
 	}
 	h.Write(fingerprint)
 	return "intent_" + hex.EncodeToString(h.Sum(nil))
+}
+
+// caller is the principal a claim names and, once the claim's round trip
+// has run, the one the authentication found.
+type caller struct {
+	named         uuid.UUID
+	authenticated *uuid.UUID
+}
+
+// check fails when the authentication found another principal than the
+// claim named. It cannot happen (a key's principal never changes), and
+// row-level security would have refused the claim's row.
+func (c caller) check() error {
+	if *c.authenticated != c.named {
+		return fmt.Errorf("claim key: named principal %s, authenticated %s", c.named, *c.authenticated)
+	}
+	return nil
+}
+
+// authenticate returns the batch the claim joins, which begins with the
+// caller's authentication (which sets the transaction's tenant), and the
+// principal the claim names. That principal is known before the
+// authentication answers once this process has seen the caller's key
+// (Request.Principal); the first time, the authentication runs in a round
+// trip of its own.
+func authenticate(ctx context.Context, tx pgx.Tx, req Request) (*pgx.Batch, caller, error) {
+	b := &pgx.Batch{}
+	c := caller{named: req.Principal, authenticated: req.Authenticate(b)}
+	if c.named != uuid.Nil {
+		return b, c, nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, c, fmt.Errorf("authenticate: %w", err)
+	}
+	c.named = *c.authenticated
+	return &pgx.Batch{}, c, nil
 }

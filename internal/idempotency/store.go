@@ -93,7 +93,8 @@ type claimed struct {
 }
 
 // queueClaim adds principal's claim and the lookup behind it to b, and
-// fills c when b runs.
+// fills c when b runs; with a synchronous standby, also the WAL message that
+// makes a replay's COMMIT wait for it.
 func queueClaim(b *pgx.Batch, principal uuid.UUID, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, c *claimed) {
 	b.Queue(claimSQL, principal, s.Endpoint, s.Key, fingerprint, requestID, traceParent, ttl.Milliseconds()).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&c.now)
@@ -119,6 +120,17 @@ func queueClaim(b *pgx.Batch, principal uuid.UUID, s Scope, fingerprint []byte, 
 		c.found = !c.owned
 		return nil
 	})
+	// Where COMMITs wait for a synchronous standby, a replay's transaction
+	// writes WAL too (a logical message, which touches no table), so that
+	// its COMMIT waits like a write's for the standby to have the WAL up to
+	// it, the original's included. A row whose own COMMIT gave up waiting is
+	// committed on the primary only (a failover loses it); its replay then
+	// answers outcome-unknown while the standby lags, never a 201 the
+	// standby never saw. A transaction that writes no WAL commits without
+	// waiting, whatever synchronous_commit says; without a standby the
+	// replay stays a read.
+	b.Queue(`SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
+		THEN pg_logical_emit_message(true, 'idempotency', 'replay') END`)
 }
 
 // takeOverSQL claims a key whose row is past its expires_at: outside the
