@@ -51,18 +51,11 @@ type Fanout struct {
 
 // Queue implements events.Fanout.
 func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid.UUID) error {
-	meta, err := outbox.Metadata(ctx)
-	if err != nil {
-		return fmt.Errorf("encode delivery job metadata: %w", err)
-	}
 	// No event (the change was already made): no row joins, no job.
-	b.Queue(`
-		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
-		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id),
-		       '`+deliveryKind+`', $3, $4, '`+outbox.QueueWebhooks+`', 'available'
+	return outbox.QueueEach(ctx, b, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
+		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
 		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id AND w.status = 'enabled'
-		WHERE e.principal_id = $1 AND w.principal_id = $1 AND e.id = $2`, principal, eventID, len(f.Schedule), meta)
-	return nil
+		WHERE e.principal_id = $4 AND w.principal_id = $4 AND e.id = $5`, principal, eventID)
 }
 
 // Outcomes of an attempt, as recorded in webhook_deliveries_total.

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
 )
 
 const instrumentationName = "github.com/payments-reference/idempotent-payments/internal/webhooks"
@@ -40,11 +41,9 @@ func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Dura
 			mu.Lock()
 			defer mu.Unlock()
 			if time.Since(at) >= ttl {
-				err := pool.WithConn(ctx, func(c database.DBTX) error {
-					return c.QueryRow(ctx, `
-						SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-						FROM river_job
-						WHERE kind = '`+deliveryKind+`' AND state IN ('available', 'running', 'retryable', 'scheduled')`).Scan(&last)
+				err := pool.WithConn(ctx, func(c database.DBTX) (err error) {
+					last, err = outbox.OldestUnfinished(ctx, c, deliveryKind)
+					return err
 				})
 				if err != nil {
 					return nil // no observation: the gauge is absent, not wrong

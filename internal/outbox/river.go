@@ -1,0 +1,69 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+)
+
+// This file and the SQL of this package are the only Go that reads or writes
+// River's table, river_job, by hand instead of through River's API: a job
+// inserted in the request's own batch (Writer.Queue), one inserted per row
+// of a query (QueueEach, the webhook fan-out), a job completed with its
+// answer (QueueComplete), and the gauges. Migrations 10 and 16 (the
+// reconciler's candidates, the queues) and river_grants.sql name it too.
+
+// RiverSchema is the version of River's schema (rivermigrate's) that this
+// SQL was written against. TestRiverSchema fails when the river module
+// brings another version, or river_job lacks a column used here with its
+// type (riverColumns): read River's migration notes for the columns below,
+// mend the SQL, then raise this.
+const RiverSchema = 8
+
+// riverColumns are river_job's columns that this package's SQL and the
+// migrations' use, with their types (format_type).
+var riverColumns = map[string]string{
+	"id":           "bigint",
+	"args":         "jsonb",
+	"kind":         "text",
+	"max_attempts": "smallint",
+	"metadata":     "jsonb",
+	"queue":        "text",
+	"state":        "river_job_state",
+	"created_at":   "timestamp with time zone",
+	"scheduled_at": "timestamp with time zone",
+	"finalized_at": "timestamp with time zone",
+}
+
+// QueueEach adds to b one statement that inserts a job of kind into queue,
+// available at once, for every row of query: its one column is the job's
+// args (jsonb), and its own parameters start at $4 ($1 to $3 are the job's
+// attempts, metadata and queue); args are those parameters. One statement,
+// so a fan-out to many jobs stays one step of its batch. ctx's trace goes
+// into the jobs' metadata (Metadata).
+func QueueEach(ctx context.Context, b *pgx.Batch, kind, queue string, maxAttempts int, query string, args ...any) error {
+	meta, err := Metadata(ctx)
+	if err != nil {
+		return fmt.Errorf("encode %s job metadata: %w", kind, err)
+	}
+	b.Queue(`
+		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
+		SELECT j.args, '`+kind+`', $1, $2, $3, 'available' FROM (`+query+`) AS j (args)`,
+		append([]any{maxAttempts, meta, queue}, args...)...)
+	return nil
+}
+
+// OldestUnfinished returns how long ago the oldest job of kind that has not
+// finished (waiting, running, or between attempts) was inserted, in
+// seconds; 0 when there is none.
+func OldestUnfinished(ctx context.Context, db database.DBTX, kind string) (float64, error) {
+	var age float64
+	err := db.QueryRow(ctx, `
+		SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+		FROM river_job
+		WHERE kind = $1 AND state IN ('available', 'running', 'retryable', 'scheduled')`, kind).Scan(&age)
+	return age, err
+}
