@@ -126,6 +126,14 @@ func (r *rig) pay(n, workers int) []string {
 	return ids
 }
 
+// rescued is the bound for jobs a killed process left running: River's
+// rescuer (leader only, once the killed leader's lease has run out) looks
+// at start and then every 30 s, and a job is rescued once it has run for
+// OUTBOX_RESCUE_AFTER (6 s here). A restart within those 6 s waits for the
+// rescuer's next look, about 30 s later, so 30 s was the bound's own size and
+// failed on a busy machine (2026-12-06).
+const rescued = 60 * time.Second
+
 // requireChargedOnce waits for every payment to settle and checks each was
 // charged by the processor exactly once and recorded as succeeded.
 func (r *rig) requireChargedOnce(ids []string, bound time.Duration) {
@@ -163,7 +171,7 @@ func TestCrashBetweenCommitAndCharge(t *testing.T) {
 	}
 	r.sim.SetConfig(simulator.Config{})
 	require.NoError(t, r.api.start(context.Background()))
-	r.requireChargedOnce(ids, 30*time.Second)
+	r.requireChargedOnce(ids, rescued)
 }
 
 // Killed after the processor charged but before the answers were recorded:
@@ -190,7 +198,7 @@ func TestCrashBetweenChargeAndRecord(t *testing.T) {
 	require.Less(t, recorded, charged, "every charge was recorded before the crash: the test did not crash in between")
 	r.sim.SetConfig(simulator.Config{})
 	require.NoError(t, r.api.start(context.Background()))
-	r.requireChargedOnce(ids, 30*time.Second)
+	r.requireChargedOnce(ids, rescued)
 }
 
 // Killed during a job's last attempt, after the processor charged and before
