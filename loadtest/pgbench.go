@@ -30,7 +30,7 @@ BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE;
 \startpipeline
 SELECT set_config('lock_timeout', '5000', true);
 SELECT key_id, principal_id, scopes FROM authenticate_request('\x{{HASH}}'::bytea, 'payments' || chr(58) || 'write');
-INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at) VALUES ('{{PRINCIPAL}}', 'POST /v1/payments', 'pgbench-' || :client_id || '-' || :k, 'in_progress', sha256(('pgbench' || :k)::bytea), 'req_pgbench', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', now() + 90000000 * interval '1 millisecond') ON CONFLICT (principal_id, endpoint, key) DO NOTHING RETURNING now();
+INSERT INTO idempotency_keys (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at) VALUES ('{{PRINCIPAL}}', 'POST /v1/payments', 'pgbench-' || :client_id || '-' || :k, 'in_progress', sha256(('pgbench' || :k)::bytea), 'req_pgbench', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', now() + 90000000 * interval '1 millisecond') ON CONFLICT (principal_id, endpoint, key) DO NOTHING RETURNING created_at;
 SELECT state, fingerprint, response_status, coalesce(response_content_type, ''), coalesce(response_body, ''::bytea), coalesce(response_ref, ''), correlation_id, coalesce(trace_parent, '') FROM idempotency_keys WHERE principal_id = '{{PRINCIPAL}}' AND endpoint = 'POST /v1/payments' AND key = 'pgbench-' || :client_id || '-' || :k AND expires_at >= now();
 \endpipeline
 \startpipeline

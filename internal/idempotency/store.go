@@ -57,15 +57,17 @@ type record struct {
 // with a false WHERE would lock the row, which needs a transaction id and a
 // WAL record, and made every replay pay a write's commit.)
 //
-// RETURNING now() gives the transaction's start, which every now() in it
-// returns: the created_at of what the request will write, known before it
-// is written.
+// RETURNING created_at gives the transaction's start (the column's default
+// is now(), which every now() in the transaction returns): the created_at
+// of what the request will write, known before it is written. Not
+// RETURNING now(): Citus refuses a function that is not IMMUTABLE in a
+// RETURNING clause (docs/scaling.md).
 const claimSQL = `
 INSERT INTO idempotency_keys
     (principal_id, endpoint, key, state, fingerprint, correlation_id, trace_parent, expires_at)
 VALUES ($1, $2, $3, 'in_progress', $4, $5, NULLIF($6, ''), now() + $7 * interval '1 millisecond')
 ON CONFLICT (principal_id, endpoint, key) DO NOTHING
-RETURNING now()`
+RETURNING created_at`
 
 // lookupSQL reads the record that made a claim conflict, without locking it.
 // It is sent right behind the claim, in the same round trip, and under READ
@@ -147,14 +149,15 @@ func queueClaim(b *pgx.Batch, principal uuid.UUID, s Scope, fingerprint []byte, 
 //     row it deleted first is gone, this updates nothing, and the caller's
 //     next INSERT creates the key afresh.
 //
-// now() is the transaction's start, the same instant lookup compared with.
+// now() is the transaction's start, the same instant lookup compared with;
+// RETURNING created_at returns it, as the claim's does.
 const takeOverSQL = `
 UPDATE idempotency_keys
 SET state = 'in_progress', fingerprint = $4,
     response_status = NULL, response_content_type = NULL, response_body = NULL, response_ref = NULL,
     correlation_id = $5, trace_parent = NULLIF($7, ''), created_at = now(), expires_at = now() + $6 * interval '1 millisecond'
 WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND expires_at < now()
-RETURNING now()`
+RETURNING created_at`
 
 // takeOver claims principal's expired row s. It reports whether this
 // transaction now owns the key, and the transaction's now(); false means
