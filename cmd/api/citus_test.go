@@ -121,4 +121,12 @@ func TestTheClaimRunsOnCitus(t *testing.T) {
 	require.Equal(t, http.StatusCreated, late.StatusCode, lateBody)
 	require.Empty(t, late.Header.Get("Idempotent-Replayed"))
 	require.NotContains(t, lateBody, p.ID)
+
+	// api keys revoke (its UPDATE used COALESCE(revoked_at, now()), which
+	// Citus refuses), and the key stops working.
+	var keys struct{ ID string }
+	require.NoError(t, json.Unmarshal(out.Bytes(), &keys))
+	require.NoError(t, run(ctx, []string{"keys", "revoke", keys.ID}, getenv, io.Discard))
+	revoked, _ := call(http.MethodGet, "/v1/payments/"+p.ID, "")
+	require.Equal(t, http.StatusUnauthorized, revoked.StatusCode)
 }

@@ -74,6 +74,11 @@ func TestKeysCreateAndRevoke(t *testing.T) {
 	require.Equal(t, key.ID, listed.ID)
 	require.Equal(t, "acme", listed.Principal)
 	require.NotNil(t, listed.RevokedAt)
+	// Revoking again succeeds and keeps the first revocation's time.
+	require.NoError(t, run(ctx, []string{"keys", "revoke", key.ID}, getenv, io.Discard))
+	var again bytes.Buffer
+	require.NoError(t, run(ctx, []string{"keys", "list", "--principal", "acme"}, getenv, &again))
+	require.Contains(t, again.String(), *listed.RevokedAt)
 	require.NotContains(t, out.String(), "sk_")
 	require.NotContains(t, out.String(), "secret")
 	out.Reset()

@@ -262,11 +262,21 @@ func ListKeys(ctx context.Context, db database.DBTX, name string) ([]KeyInfo, er
 
 // RevokeKey revokes the key with the given id. Revoking twice is not an error.
 func RevokeKey(ctx context.Context, db database.DBTX, id uuid.UUID) error {
-	tag, err := db.Exec(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+	// Not SET revoked_at = coalesce(revoked_at, now()): Citus refuses a
+	// function that is not IMMUTABLE inside COALESCE or CASE
+	// (docs/scaling.md). The first revocation's time stands.
+	tag, err := db.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL`, id)
 	if err != nil {
 		return fmt.Errorf("revoke api key: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM api_keys WHERE id = $1)`, id).Scan(&exists); err != nil {
+		return fmt.Errorf("revoke api key: %w", err)
+	}
+	if !exists {
 		return ErrKeyNotFound
 	}
 	return nil
