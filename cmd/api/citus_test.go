@@ -113,6 +113,14 @@ func TestTheClaimRunsOnCitus(t *testing.T) {
 	require.Equal(t, http.StatusOK, got.StatusCode, read)
 	require.Contains(t, read, p.ID)
 
+	// The list shows it (every list answered an empty page: a row's xid
+	// came from the coordinator, the list's horizon from the worker), once
+	// the transactions begun before it have ended.
+	require.Eventually(t, func() bool {
+		listed, page := call(http.MethodGet, "/v1/payments", "")
+		return listed.StatusCode == http.StatusOK && strings.Contains(page, p.ID)
+	}, 10*time.Second, 100*time.Millisecond, "the payment is listed")
+
 	// Past its window the key is taken over (the take-over's UPDATE, which
 	// ended in RETURNING now() too): a new payment, not a replay.
 	_, err = admin.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`)

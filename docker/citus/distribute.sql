@@ -1,10 +1,11 @@
 -- Distributes the schema by principal on a Citus cluster (the `citus`
--- profile of docker-compose.yml; docs/scaling.md). Run once on the
--- coordinator, as the owner, after `api migrate up` and before the service
--- starts: create_distributed_table moves a table's rows into shards on the
--- workers. Untested in this repository's CI, which has no Docker engine;
--- TestEveryStatementRoutesToOnePartition checks, on plain PostgreSQL, that
--- every statement the service runs on these tables routes to one shard.
+-- profile of docker-compose.yml, scripts/citus-cluster; docs/scaling.md).
+-- Run once on the coordinator, as the owner, with psql, after `api migrate
+-- up` and before the service takes traffic: create_distributed_table moves
+-- a table's rows into shards on the workers. TestTheClaimRunsOnCitus runs
+-- it on a real cluster in CI; TestEveryStatementRoutesToOnePartition checks,
+-- on plain PostgreSQL, that every statement the service runs on these
+-- tables routes to one shard.
 
 -- Copied to every worker: a request authenticates, and the sweepers list
 -- principals, on whichever node its statement runs.
@@ -27,6 +28,30 @@ SELECT create_distributed_table('idempotency_key_usage', 'principal_id', colocat
 -- not atomic across the two: docs/scaling.md, "The outbox, sharded", is
 -- the design that fixes it, and it is not built. Until it is, this cluster
 -- is for trying the routing, not for money.
+
+-- A listed row's xid must come from the node whose snapshot the list reads:
+-- the lists show rows older than list_horizon(), which runs on the worker
+-- with the rest of the list's statement. Citus evaluates the column's
+-- default, pg_current_xact_id(), on the coordinator, so every list answered
+-- an empty page (the coordinator's xids were ahead of the workers'). A
+-- trigger runs on the shard, on the worker, in the worker's transaction.
+-- Rows distributed from an earlier single server keep that server's xids:
+-- distribute before the service takes traffic.
+CREATE FUNCTION set_worker_xid() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.xid := pg_current_xact_id();
+    RETURN NEW;
+END
+$$;
+-- A trigger on a distributed table is "unsafe" to Citus when it could
+-- touch other shards; this one sets a column of its own row.
+SET citus.enable_unsafe_triggers = on;
+CREATE TRIGGER payments_worker_xid BEFORE INSERT ON payments FOR EACH ROW EXECUTE FUNCTION set_worker_xid();
+CREATE TRIGGER refunds_worker_xid BEFORE INSERT ON refunds FOR EACH ROW EXECUTE FUNCTION set_worker_xid();
+CREATE TRIGGER events_worker_xid BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION set_worker_xid();
+CREATE TRIGGER webhook_endpoints_worker_xid BEFORE INSERT ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION set_worker_xid();
+CREATE TRIGGER webhook_deliveries_worker_xid BEFORE INSERT ON webhook_deliveries FOR EACH ROW EXECUTE FUNCTION set_worker_xid();
 
 -- The tenant a request's SET LOCAL names must reach the worker that runs
 -- its statements, where row-level security reads it.
