@@ -236,7 +236,7 @@ func TestServiceRoleHasLeastPrivilege(t *testing.T) {
 
 		// What the service changes: the refunded amount, and the outcome the
 		// outbox worker records.
-		_, err = tx.Exec(ctx, `UPDATE payments SET amount_refunded = amount_refunded, status = status, failure_reason = failure_reason, processor_id = processor_id`)
+		_, err = tx.Exec(ctx, `UPDATE payments SET amount_refunded = amount_refunded, status = status, failure_reason = failure_reason, processor_id = processor_id, settle_event_id = settle_event_id`)
 		require.NoError(t, err)
 		for _, column := range []string{"amount", "currency", "description", "metadata", "created_at", "id"} {
 			requireRefused(t, tx, `UPDATE payments SET `+column+` = `+column)

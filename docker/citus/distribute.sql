@@ -2,7 +2,7 @@
 -- profile of docker-compose.yml, scripts/citus-cluster; docs/scaling.md).
 -- Run once on the coordinator, as the owner, with psql, after `api migrate
 -- up` and before the service takes traffic: create_distributed_table moves
--- a table's rows into shards on the workers. TestTheClaimRunsOnCitus runs
+-- a table's rows into shards on the workers. TestPaymentsOnCitus runs
 -- it on a real cluster in CI; TestEveryStatementRoutesToOnePartition checks,
 -- on plain PostgreSQL, that every statement the service runs on these
 -- tables routes to one shard.

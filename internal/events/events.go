@@ -127,6 +127,22 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 	})
 }
 
+// SettledSQL is the statement that records the event of a settle of
+// principal $1's row $2 of table (payments or refunds): event $3, of type
+// $4, with data $5. The settle's UPDATE, earlier in the same batch, marked
+// the row with the event's id (settle_event_id, migration 20) if and only
+// if it changed it, so the event is inserted if and only if that UPDATE
+// changed the row. The event's principal is the row's own column, so that
+// Citus runs the INSERT ... SELECT on the row's shard (an INSERT given it as
+// a parameter is planned through the coordinator, which row-level security
+// refuses: docs/scaling.md).
+func SettledSQL(table string) string {
+	return `
+	INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
+	SELECT $3, principal_id, $4, $5, request_id, idempotency_key, livemode
+	FROM ` + table + ` WHERE principal_id = $1 AND id = $2 AND settle_event_id = $3`
+}
+
 // Fanout queues, on a batch of the transaction that records an event, what
 // must happen because of it: webhooks.Fanout inserts one delivery job per
 // endpoint. It is called after the statement that may insert the event, and

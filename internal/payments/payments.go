@@ -299,26 +299,22 @@ func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, princi
 		return err
 	}
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, principal, p.ID, status, reason, processorID, eventID, events.Type("payment", status), data).Exec(func(tag pgconn.CommandTag) error {
+	b.Queue(settleSQL, principal, p.ID, status, reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
 		if changed != nil {
 			*changed = tag.RowsAffected() == 1
 		}
 		return nil
 	})
+	b.Queue(events.SettledSQL("payments"), principal, p.ID, eventID, events.Type("payment", status), data)
 	return fanout.Queue(ctx, b, principal, eventID)
 }
 
-// settleSQL moves the payment to its decided status and records the event
-// that says so, in one statement: the event exists if and only if this
-// statement changed the row. The event's principal is the parameter, not
-// the updated row's column, so that the INSERT, too, names its shard.
+// settleSQL moves the payment to its decided status, marking it with the id
+// of the event that will say so (events.SettledSQL, next in the batch): the
+// event exists if and only if this statement changed the row.
 const settleSQL = `
-	WITH settled AS (
-		UPDATE payments SET status = $3, failure_reason = $4, processor_id = NULLIF($5, '')
-		WHERE principal_id = $1 AND id = $2 AND status IN ('processing', 'requires_reconciliation') AND status <> $3
-		RETURNING request_id, idempotency_key, livemode)
-	INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
-	SELECT $6, $1, $7, $8, request_id, idempotency_key, livemode FROM settled`
+	UPDATE payments SET status = $3, failure_reason = $4, processor_id = NULLIF($5, ''), settle_event_id = $6
+	WHERE principal_id = $1 AND id = $2 AND status IN ('processing', 'requires_reconciliation') AND status <> $3`
 
 // addRefundedSQL adds $3 to what principal $1's payment $2 has refunded.
 // The table's CHECK refuses a total above the payment's amount or below

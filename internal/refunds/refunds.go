@@ -22,6 +22,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/events"
@@ -216,33 +217,33 @@ func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, princi
 		return err
 	}
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, principal, r.ID, status, reason, processorID, eventID, events.Type("refund", status), data).QueryRow(func(row pgx.Row) error {
-		var moved bool
-		err := row.Scan(&moved)
+	b.Queue(settleSQL, principal, r.ID, status, reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
 		if changed != nil {
-			*changed = moved
+			*changed = tag.RowsAffected() == 1
 		}
-		return err
+		return nil
 	})
+	b.Queue(givenBackSQL, principal, r.ID, eventID)
+	b.Queue(events.SettledSQL("refunds"), principal, r.ID, eventID, events.Type("refund", status), data)
 	return fanout.Queue(ctx, b, principal, eventID)
 }
 
-// settleSQL moves the refund, records the event that says so, and, when it
-// moved it to failed, gives its amount back to its payment: one statement,
-// so that none of the three can happen without the others. Each part names
-// the principal, $1, so that all three stay on its shard.
+// settleSQL moves the refund, marking it with the id of the event that will
+// say so; givenBackSQL and events.SettledSQL, next in the same batch (one
+// transaction), act only on a refund carrying that id, so none of the three
+// happens without the others. Each names the principal, $1, so that all
+// three stay on its shard.
 const settleSQL = `
-	WITH settled AS (
-		UPDATE refunds SET status = $3, failure_reason = $4, processor_id = NULLIF($5, '')
-		WHERE principal_id = $1 AND id = $2 AND status IN ('pending', 'requires_reconciliation') AND status <> $3
-		RETURNING payment_id, amount, status, request_id, idempotency_key, livemode),
-	given_back AS (
-		UPDATE payments p SET amount_refunded = p.amount_refunded - s.amount
-		FROM settled s WHERE p.principal_id = $1 AND p.id = s.payment_id AND s.status = 'failed'),
-	event AS (
-		INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
-		SELECT $6, $1, $7, $8, request_id, idempotency_key, livemode FROM settled)
-	SELECT EXISTS (SELECT FROM settled)`
+	UPDATE refunds SET status = $3, failure_reason = $4, processor_id = NULLIF($5, ''), settle_event_id = $6
+	WHERE principal_id = $1 AND id = $2 AND status IN ('pending', 'requires_reconciliation') AND status <> $3`
+
+// givenBackSQL gives a refund's amount back to its payment when the settle
+// that carries event $3 moved it to failed.
+const givenBackSQL = `
+	UPDATE payments p SET amount_refunded = p.amount_refunded - r.amount
+	FROM refunds r
+	WHERE p.principal_id = $1 AND r.principal_id = $1 AND r.id = $2 AND r.settle_event_id = $3
+	  AND r.status = 'failed' AND p.id = r.payment_id`
 
 // QueueGet is Get queued on b: *r is the refund once b has run, and b fails
 // with ErrNotFound when there is none.
