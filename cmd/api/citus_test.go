@@ -38,7 +38,8 @@ func TestPaymentsOnCitus(t *testing.T) {
 
 	script, err := filepath.Abs("../../scripts/citus-cluster")
 	require.NoError(t, err)
-	scriptEnv := append(os.Environ(), "CITUS_DIR="+filepath.Join(os.TempDir(), "citus-test-"+strconv.Itoa(os.Getpid())), "CITUS_PORT=54360")
+	dir := filepath.Join(os.TempDir(), "citus-test-"+strconv.Itoa(os.Getpid()))
+	scriptEnv := append(os.Environ(), "CITUS_DIR="+dir, "CITUS_PORT=54360")
 	do := func(verb string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -149,4 +150,14 @@ func TestPaymentsOnCitus(t *testing.T) {
 	require.NoError(t, run(ctx, []string{"keys", "revoke", keys.ID}, getenv, io.Discard))
 	revoked, _ := call(http.MethodGet, "/v1/payments/"+p.ID, "")
 	require.Equal(t, http.StatusUnauthorized, revoked.StatusCode)
+
+	// No warning per transaction on the workers: a transaction's BEGIN and
+	// its SET LOCALs were one query string, which Citus replayed on each
+	// worker inside its transaction ("there is already a transaction in
+	// progress", once per request and per job).
+	for _, worker := range []string{"worker1", "worker2"} {
+		log, err := os.ReadFile(filepath.Join(dir, worker+".log"))
+		require.NoError(t, err)
+		require.Zero(t, strings.Count(string(log), "there is already a transaction in progress"), "warnings in %s's log", worker)
+	}
 }

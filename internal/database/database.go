@@ -237,21 +237,24 @@ type TxOptions struct {
 // BEGIN, the tenant and the lock timeout travel in one simple-protocol
 // round trip: pgx sends a BeginQuery without arguments as one Query message,
 // and PostgreSQL runs its statements in order. The tenant is a SET LOCAL
-// (setTenant), which a distributed PostgreSQL passes on to its nodes.
+// made inside a function (setTenant), which a distributed PostgreSQL passes
+// on to its nodes.
 func InTenantTx(ctx context.Context, pool *Pool, principal uuid.UUID, opts TxOptions, fn func(pgx.Tx) error) error {
 	return inTx(ctx, pool, "; "+setTenant(principal), opts, fn)
 }
 
 // setTenant is the statement that makes principal the transaction's tenant
 // until it ends, for a simple-protocol BEGIN query (whose text pgx does not
-// cache). SET takes no parameters, so the value is in the text: a
-// uuid.UUID's String form is hex and dashes only, which cannot inject
-// anything. It is SET LOCAL rather than set_config(..., true) because Citus
-// sends SET LOCAL on to the workers a transaction touches (with
+// cache), so the value is in the text: a uuid.UUID's String form is hex and
+// dashes only, which cannot inject anything. set_tenant (migration 15)
+// runs a SET LOCAL rather than set_config(..., true) because Citus sends
+// SET LOCAL on to the workers a transaction touches (with
 // citus.propagate_set_commands = 'local'), where row-level security reads
-// it (docs/scaling.md).
+// it; and inside a function, because Citus replays the text of the query
+// that ran the SET, which for a SET sent beside BEGIN is the BEGIN too
+// (docs/scaling.md).
 func setTenant(principal uuid.UUID) string {
-	return fmt.Sprintf("SET LOCAL app.principal_id = '%s'", principal.String())
+	return fmt.Sprintf("SELECT set_tenant('%s')", principal.String())
 }
 
 // InTx is InTenantTx for a request, whose tenant is not known yet: fn's
@@ -272,7 +275,10 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 	if opts.ReadOnly {
 		mode = "READ ONLY"
 	}
-	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED %s%s; SET LOCAL lock_timeout = %d",
+	// The lock timeout through set_lock_timeout (migration 21), for the
+	// reason setTenant gives: it must reach Citus's workers, where a claim
+	// waits for a concurrent attempt's row lock.
+	begin := fmt.Sprintf("BEGIN ISOLATION LEVEL READ COMMITTED %s%s; SELECT set_lock_timeout(%d)",
 		mode, tenant, opts.LockTimeout.Milliseconds())
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 	if err != nil {
