@@ -36,19 +36,8 @@ func TestPaymentsOnCitus(t *testing.T) {
 	require.NoError(t, err, "Citus is not installed for this PostgreSQL: run scripts/citus-cluster build (about 4 minutes; .ci/run does)")
 	t.Parallel()
 
-	script, err := filepath.Abs("../../scripts/citus-cluster")
-	require.NoError(t, err)
 	dir := filepath.Join(os.TempDir(), "citus-test-"+strconv.Itoa(os.Getpid()))
-	scriptEnv := append(os.Environ(), "CITUS_DIR="+dir, "CITUS_PORT=54360")
-	do := func(verb string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, script, verb)
-		cmd.Env = scriptEnv
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s: %s", verb, out)
-		return strings.TrimSpace(string(out))
-	}
+	do := scriptRunner(t, "citus-cluster", "CITUS_DIR="+dir, "CITUS_PORT=54360")
 	t.Cleanup(func() { do("down") })
 	do("up")
 

@@ -9,6 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -339,5 +342,23 @@ func TestHelp(t *testing.T) {
 		for _, s := range config.Settings() {
 			require.Contains(t, out.String(), "  "+s.Name+"="+s.Default+"\n", "%v", args)
 		}
+	}
+}
+
+// scriptRunner returns a function that runs scripts/name with a verb (up,
+// down), env added to the environment, for at most two minutes, failing t
+// when it fails; it returns the script's trimmed output.
+func scriptRunner(t *testing.T, name string, env ...string) func(verb string) string {
+	t.Helper()
+	script, err := filepath.Abs("../../scripts/" + name)
+	require.NoError(t, err)
+	return func(verb string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, script, verb)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s %s: %s", name, verb, out)
+		return strings.TrimSpace(string(out))
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,21 +34,9 @@ func TestAReplayWaitsForTheStandby(t *testing.T) {
 		t.Skip("-short skips it: an initdb, about 5 s")
 	}
 	t.Parallel()
-	script, err := filepath.Abs("../../scripts/limited-postgres")
-	require.NoError(t, err)
-	scriptEnv := append(os.Environ(), "LIMITED_DIR="+filepath.Join(os.TempDir(), "standby-test-"+strconv.Itoa(os.Getpid())),
+	do := scriptRunner(t, "limited-postgres", "LIMITED_DIR="+filepath.Join(os.TempDir(), "standby-test-"+strconv.Itoa(os.Getpid())),
 		"LIMITED_PORT=54348", "MEMORY=512MB", "LIMITED_CONF=synchronous_standby_names = 'ghost'",
 		"PGOPTIONS=-c synchronous_commit=local") // the script's own CREATE DATABASE
-
-	do := func(verb string) string {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, script, verb)
-		cmd.Env = scriptEnv
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s: %s", verb, out)
-		return strings.TrimSpace(string(out))
-	}
 	t.Cleanup(func() { do("down") })
 	do("up")
 	// The owner's and the maintenance role's sessions commit without

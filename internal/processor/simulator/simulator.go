@@ -1,3 +1,7 @@
+// Package simulator is a payment processor for development and tests: it
+// speaks the wire protocol of processor.NewClient, honours idempotency keys
+// as Stripe does, and misbehaves on request (Config). It sits apart from the
+// processor boundary so that a fork charging a real processor can delete it.
 package simulator
 
 import (
@@ -62,7 +66,7 @@ type record struct {
 	refunded int64
 }
 
-// NewSimulator returns a simulator with cfg's switches.
+// New returns a simulator with cfg's switches.
 func New(cfg Config) *Simulator {
 	return &Simulator{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		records: map[string]*record{}, charges: map[string]*record{}, effects: map[string]int{}, keyOf: map[string]string{}}
