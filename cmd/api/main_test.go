@@ -188,6 +188,11 @@ func TestServe(t *testing.T) {
 	} {
 		require.Contains(t, string(body), name)
 	}
+	// Without ADMIN_PASSWORD, River UI is not served at all.
+	resp, err = http.Get("http://" + metricsAddr + "/riverui/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 
 	cancel()
 	select {

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -265,7 +264,14 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("listening", "addr", cfg.Addr)
 	if cfg.MetricsAddr != "off" {
-		metricsSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: metricsMux(tel, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		var queues http.Handler
+		if cfg.AdminPassword != "" {
+			if queues, err = riverUI(bg, jobs, cfg.AdminPassword, log); err != nil {
+				return err
+			}
+			log.Info("serving River UI behind ADMIN_PASSWORD", "addr", cfg.MetricsAddr, "path", "/riverui/")
+		}
+		metricsSrv := &http.Server{Addr: cfg.MetricsAddr, Handler: operatorMux(tel, cfg.Pprof, queues), ReadHeaderTimeout: 5 * time.Second}
 		go func() { errc <- metricsSrv.ListenAndServe() }()
 		defer metricsSrv.Close()
 		log.Info("serving metrics", "addr", cfg.MetricsAddr, "path", "/metrics")
@@ -428,15 +434,3 @@ func NewSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider
 	})
 }
 
-// metricsMux serves /metrics, and /debug/pprof/ when enabled; it listens
-// apart from the API so neither is ever exposed with it.
-func metricsMux(tel *telemetry.Telemetry, withPprof bool) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", tel.MetricsHandler)
-	if withPprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	return mux
-}

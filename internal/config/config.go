@@ -32,6 +32,11 @@ type Config struct {
 	// Pprof serves net/http/pprof on the metrics listener, for profiling
 	// under load (PPROF). Off by default.
 	Pprof bool
+	// AdminPassword, when set, serves River UI at /riverui/ on the metrics
+	// listener behind HTTP basic auth (user admin) with this password
+	// (ADMIN_PASSWORD, at least 16 characters): the operator's view of the
+	// outbox's queues. Unset, nothing is served there.
+	AdminPassword string
 	// DatabaseURL connects as the service role, which row-level security
 	// applies to (DATABASE_URL).
 	DatabaseURL string
@@ -307,6 +312,7 @@ func Load(getenv func(string) string) (Config, error) {
 	str("ADDR", &c.Addr)
 	str("METRICS_ADDR", &c.MetricsAddr)
 	boolean("PPROF", &c.Pprof)
+	str("ADMIN_PASSWORD", &c.AdminPassword)
 	str("DATABASE_URL", &c.DatabaseURL)
 	// One setting names the database: unset, the owner's and the
 	// maintenance role's URLs are DATABASE_URL with their own user, so
@@ -408,6 +414,12 @@ func Load(getenv func(string) string) (Config, error) {
 			// and every request would get 401.
 			errs = append(errs, fmt.Errorf("%s names the database %q, DATABASE_URL %q: all three roles must use the database the service serves (leave %s unset to derive it from DATABASE_URL)", name, db, served, name))
 		}
+	}
+	if c.AdminPassword != "" && len(c.AdminPassword) < 16 {
+		errs = append(errs, errors.New("ADMIN_PASSWORD must be at least 16 characters (openssl rand -base64 24): it guards River UI, which can cancel and delete jobs"))
+	}
+	if c.AdminPassword != "" && c.MetricsAddr == "off" {
+		errs = append(errs, errors.New("ADMIN_PASSWORD serves River UI on the metrics listener, and METRICS_ADDR is off"))
 	}
 	if c.MetricsAddr == c.Addr {
 		errs = append(errs, fmt.Errorf("METRICS_ADDR must differ from ADDR (%s): metrics are never served with the API", c.Addr))
@@ -580,6 +592,7 @@ func (c Config) LogAttrs() []any {
 		slog.Bool("livemode", c.Livemode()),
 		slog.String("addr", c.Addr),
 		slog.String("metrics_addr", c.MetricsAddr),
+		slog.Bool("admin_password_set", c.AdminPassword != ""),
 		slog.String("database_url", redact(c.DatabaseURL)),
 		slog.String("migrate_database_url", redact(c.MigrateDatabaseURL)),
 		slog.String("maintenance_database_url", redact(c.MaintenanceDatabaseURL)),

@@ -22,6 +22,7 @@ func Settings() []Setting {
 		{"ADDR", d.Addr, "the API's listen address"},
 		{"METRICS_ADDR", d.MetricsAddr, "the /metrics listener, apart from the API (off disables it)"},
 		{"PPROF", fmt.Sprint(d.Pprof), "serve /debug/pprof/ on the metrics listener"},
+		{"ADMIN_PASSWORD", "", "serve River UI at /riverui/ on the metrics listener, behind basic auth (user admin); at least 16 characters; unset: not served"},
 		{"DATABASE_URL", d.DatabaseURL, "the service role's database; names the database for every role"},
 		{"MIGRATE_DATABASE_URL", d.MigrateDatabaseURL, "the owner role (migrations, keys); default: DATABASE_URL as postgres"},
 		{"MAINTENANCE_DATABASE_URL", d.MaintenanceDatabaseURL, "the sweeper's role; default: DATABASE_URL as payments_maintenance"},
