@@ -164,7 +164,7 @@ func healthcheck(ctx context.Context, cfg config.Config) error {
 
 func simConfig(cfg config.Config) simulator.Config {
 	return simulator.Config{Latency: cfg.Sim.Latency, ErrorRate: cfg.Sim.ErrorRate, DropRate: cfg.Sim.DropRate,
-		TimeoutRate: cfg.Sim.TimeoutRate, Hold: cfg.Sim.Hold, Seed: uint64(time.Now().UnixNano())}
+		TimeoutRate: cfg.Sim.TimeoutRate, Hold: cfg.Sim.Hold, CommitDelay: cfg.Sim.CommitDelay, Seed: uint64(time.Now().UnixNano())}
 }
 
 // serveSimulator runs the processor simulator alone, on ADDR, until ctx ends.

@@ -433,4 +433,3 @@ func NewSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider
 		Chunk: cfg.SweepChunk, Pause: cfg.SweepPause, Retention: cfg.Retention(), MeterProvider: mp,
 	})
 }
-

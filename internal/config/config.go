@@ -343,6 +343,7 @@ func Load(getenv func(string) string) (Config, error) {
 	rate("PROCESSOR_SIM_DROP_RATE", &c.Sim.DropRate)
 	rate("PROCESSOR_SIM_TIMEOUT_RATE", &c.Sim.TimeoutRate)
 	dur("PROCESSOR_SIM_HOLD", &c.Sim.Hold, 0)
+	dur("PROCESSOR_SIM_COMMIT_DELAY", &c.Sim.CommitDelay, 0)
 	integer("OUTBOX_WORKERS", 0, 10000, func(n int64) { c.OutboxWorkers = int(n) })
 	integer("WEBHOOK_WORKERS", 0, 10000, func(n int64) { c.WebhookWorkers = int(n) })
 	integer("OUTBOX_DB_MAX_CONNS", 1, 1000, func(n int64) { c.OutboxDBMaxConns = int32(n) })
@@ -556,9 +557,11 @@ func (s StripeSettings) check(processorURL string, reconcileGrace time.Duration)
 // SimSettings are the processor simulator's switches: latency before a call
 // is processed, and the share of calls that fail (503, no charge), are
 // charged and then dropped without a reply, or are charged and answered only
-// after Hold.
+// after Hold; and CommitDelay, how long after its arrival a call is
+// processed, whether or not its caller still waits.
 type SimSettings struct {
 	Latency     time.Duration
+	CommitDelay time.Duration
 	ErrorRate   float64
 	DropRate    float64
 	TimeoutRate float64

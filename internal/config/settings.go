@@ -54,6 +54,7 @@ func Settings() []Setting {
 		{"PROCESSOR_SIM_DROP_RATE", fmt.Sprint(d.Sim.DropRate), "api processor-sim: share of charges made whose reply is dropped"},
 		{"PROCESSOR_SIM_TIMEOUT_RATE", fmt.Sprint(d.Sim.TimeoutRate), "api processor-sim: share of replies held for PROCESSOR_SIM_HOLD"},
 		{"PROCESSOR_SIM_HOLD", duration(d.Sim.Hold), "api processor-sim: how long a held reply waits"},
+		{"PROCESSOR_SIM_COMMIT_DELAY", duration(d.Sim.CommitDelay), "api processor-sim: a call is processed this long after it arrived, even if its caller gave up (a late charge)"},
 		{"RATE_LIMIT", fmt.Sprint(d.RateLimit), "requests a second of one principal, per process; past it 429 with Retry-After (0: off)"},
 		{"RATE_LIMIT_UNAUTHENTICATED", fmt.Sprint(d.RateLimitUnauthenticated), "requests a second of one client address whose key is not known yet (no key, a bad one, a new one), per process (0: off)"},
 		{"DB_COMMIT_TIMEOUT", duration(d.DBCommitTimeout), "bound on a request's COMMIT, which neither the client nor REQUEST_TIMEOUT cancels (under 5s)"},

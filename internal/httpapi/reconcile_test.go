@@ -170,6 +170,40 @@ func TestAPaymentWhoseJobWasDeletedIsReconciled(t *testing.T) {
 	require.Equal(t, "not_processed", got["failure_reason"])
 }
 
+// A processor may charge a request it received long after the caller gave
+// up, and after its lookup said "no record": tried by hand, a charge the
+// processor made 8 s after it was sent reached a customer whose payment had
+// been recorded failed, not_processed, at 6.2 s. The reconciler cancels the
+// key at the processor before it records "no record" as final: the late
+// charge then moves nothing, and the payment's failure is the truth.
+func TestALateChargeMovesNothingOnceNotProcessedIsRecorded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) {
+		o.maxAttempts = 1
+		o.processorTimeout = 200 * time.Millisecond
+	})
+	b.sim.SetConfig(simulator.Config{CommitDelay: 2 * time.Second})
+	k := b.newKey(t, "acme", allScopes...)
+	r := b.post(t, "/v1/payments", k.Secret, "late", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	id := decode(t, r.Body)["id"].(string)
+	require.Equal(t, "requires_reconciliation", b.settled(t, "/v1/payments/"+id, k.Secret)["status"])
+	require.Equal(t, 1, b.sim.Waiting(), "the processor holds the charge it received")
+
+	res, err := b.reconciler.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, reconcile.Result{Examined: 1, Failed: 1}, res)
+	got := decode(t, b.get(t, "/v1/payments/"+id, k.Secret).Body)
+	require.Equal(t, "failed", got["status"])
+	require.Equal(t, "not_processed", got["failure_reason"])
+
+	require.Eventually(t, func() bool { return b.sim.Waiting() == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Zero(t, b.sim.EffectsFor(id), "the charge the processor made late moved money for a payment recorded failed")
+	res, err = b.reconciler.Run(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Examined)
+}
+
 // A payment whose commit is lost after its charge went out (a lossy
 // failover takes the payment, its key and its job) is made again by the
 // client's retry, under a new id, and the processor is asked with the same

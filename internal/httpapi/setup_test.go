@@ -84,6 +84,8 @@ type options struct {
 	// processor, when set, wraps the simulator: a test answers some calls
 	// itself, as a real processor might.
 	processor func(sim http.Handler) http.Handler
+	// processorTimeout bounds one processor call (5 s unless set).
+	processorTimeout time.Duration
 	// webhookTimeout bounds a delivery attempt, and jobTimeout any job's
 	// attempt (5 s and 10 s unless set).
 	webhookTimeout, jobTimeout time.Duration
@@ -143,7 +145,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	// a 503.
 	o := options{maxConns: 4, acquireTimeout: 15 * time.Second, lockTimeout: 5 * time.Second, maxBodyBytes: 1 << 20, maxStored: 64 << 10,
 		requestTimeout: 30 * time.Second, maxAttempts: 5, urls: webhooks.URLPolicy{AllowPrivate: true}, webhookSchedule: testSchedule,
-		webhookTimeout: 5 * time.Second, jobTimeout: 10 * time.Second}
+		webhookTimeout: 5 * time.Second, jobTimeout: 10 * time.Second, processorTimeout: 5 * time.Second}
 	for _, f := range tweak {
 		f(&o)
 	}
@@ -222,7 +224,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	}
 	simSrv := httptest.NewServer(simHandler)
 	t.Cleanup(simSrv.Close)
-	proc, err := processor.Measured(processor.NewClient(simSrv.URL, &http.Client{Timeout: 5 * time.Second,
+	proc, err := processor.Measured(processor.NewClient(simSrv.URL, &http.Client{Timeout: o.processorTimeout,
 		Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(tp))}), mp)
 	require.NoError(t, err)
 	fanout := webhooks.Fanout{Schedule: o.webhookSchedule}

@@ -16,7 +16,9 @@ import (
 // {"error": reason} for a decline, 400 or 422 for a request it will never
 // accept, and anything else (5xx, 409, 429, no answer) for "try again".
 // GET /v1/charges/{key} and GET /v1/refunds/{key} read the processor's
-// record of a key: the same answers, or 404 when it has none.
+// record of a key: the same answers, or 404 when it has none;
+// POST /v1/charges/{key}/cancel (and refunds) closes the key first, and
+// answers the same way.
 // The simulator in this package speaks the same API.
 type Client struct {
 	base string
@@ -43,6 +45,16 @@ func (c *Client) Refund(ctx context.Context, r Refund) (Result, error) {
 func (c *Client) Lookup(ctx context.Context, r Record) (Result, error) {
 	path := "/v1/" + string(r.Op) + "/" + url.PathEscape(r.Key)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return Result{}, fmt.Errorf("processor request: %w", err)
+	}
+	return c.do(req, path)
+}
+
+// Cancel implements Processor.
+func (c *Client) Cancel(ctx context.Context, r Record) (Result, error) {
+	path := "/v1/" + string(r.Op) + "/" + url.PathEscape(r.Key) + "/cancel"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, nil)
 	if err != nil {
 		return Result{}, fmt.Errorf("processor request: %w", err)
 	}
@@ -86,7 +98,7 @@ func (c *Client) do(req *http.Request, path string) (Result, error) {
 		return Result{}, &DeclineError{Reason: reply.Error}
 	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity:
 		return Result{}, &RejectedError{Status: resp.StatusCode, Detail: reply.Error}
-	case req.Method == http.MethodGet && resp.StatusCode == http.StatusNotFound && reply.Error == "no_record":
+	case (req.Method == http.MethodGet || strings.HasSuffix(path, "/cancel")) && resp.StatusCode == http.StatusNotFound && reply.Error == "no_record":
 		// Only the processor's own "no record" counts: a 404 from a proxy
 		// or a wrong base URL says nothing about the money.
 		return Result{}, ErrNoRecord

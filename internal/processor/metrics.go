@@ -12,8 +12,8 @@ import (
 
 // Measured wraps p to record every call's latency and outcome in the
 // histogram processor_call_duration_seconds{operation, outcome}: operation is
-// charge, refund or lookup; outcome is succeeded, declined, rejected,
-// no_record (lookups only) or unknown (retried).
+// charge, refund, lookup or cancel; outcome is succeeded, declined,
+// rejected, no_record (lookups and cancels only) or unknown (retried).
 func Measured(p Processor, mp metric.MeterProvider) (Processor, error) {
 	h, err := mp.Meter("github.com/payments-reference/idempotent-payments/internal/processor").Float64Histogram(
 		"processor_call_duration_seconds",
@@ -46,13 +46,23 @@ func (m *measured) Refund(ctx context.Context, rf Refund) (Result, error) {
 }
 
 func (m *measured) Lookup(ctx context.Context, rec Record) (Result, error) {
+	return m.ask(ctx, "lookup", rec, m.p.Lookup)
+}
+
+func (m *measured) Cancel(ctx context.Context, rec Record) (Result, error) {
+	return m.ask(ctx, "cancel", rec, m.p.Cancel)
+}
+
+// ask measures a question about a key, whose "no record" is an answer of
+// its own.
+func (m *measured) ask(ctx context.Context, op string, rec Record, call func(context.Context, Record) (Result, error)) (Result, error) {
 	start := time.Now()
-	r, err := m.p.Lookup(ctx, rec)
+	r, err := call(ctx, rec)
 	if errors.Is(err, ErrNoRecord) {
-		m.h.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("operation", "lookup"), attribute.String("outcome", "no_record")))
+		m.h.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(attribute.String("operation", op), attribute.String("outcome", "no_record")))
 		return r, err
 	}
-	m.record(ctx, "lookup", start, err)
+	m.record(ctx, op, start, err)
 	return r, err
 }
 

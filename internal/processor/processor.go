@@ -66,6 +66,15 @@ type Processor interface {
 	// processed a request with that key, and any other error when it could
 	// not say. The reconciler settles with it what the workers could not.
 	Lookup(ctx context.Context, r Record) (Result, error)
+	// Cancel closes the key (a technical cancel by the merchant's
+	// reference, a void): once it has answered, no request with the key
+	// moves money, not even one the processor received and has not
+	// processed yet. It answers as Lookup, about the key as it stands once
+	// closed: Result when the money had moved before (Cancel undoes
+	// nothing), *DeclineError when it was declined, ErrNoRecord when nothing
+	// moved and now nothing will, any other error when it could not say.
+	// The reconciler cancels a key before it records "no record" as final.
+	Cancel(ctx context.Context, r Record) (Result, error)
 }
 
 // Record names what Lookup asks about.

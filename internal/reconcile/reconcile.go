@@ -8,9 +8,13 @@
 // its process was killed on the last attempt, someone deleted it), leaving a
 // payment processing with nothing left to run it. The Reconciler finds both
 // kinds, asks the processor what it did with the row's key (a lookup, which
-// never charges), and records that: charged means succeeded, declined or no
-// record means failed, and "cannot say" leaves the row waiting, in
-// requires_reconciliation, for the next run.
+// never charges), and records that: charged means succeeded, declined means
+// failed, and "cannot say" leaves the row waiting, in
+// requires_reconciliation, for the next run. "No record" is only recorded
+// (failed, not_processed) once the key cannot charge any more: the
+// reconciler first cancels it at the processor, since a processor may still
+// process a request it received long after the caller gave up, and records
+// what the cancel answers (the money moved meanwhile: succeeded).
 //
 // It runs as a periodic outbox job (Worker) and as `api reconcile`.
 package reconcile
@@ -173,6 +177,10 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	// A lookup is never retried within a run: "cannot say" leaves the row
 	// waiting for the next one (last = true makes it requires_reconciliation).
 	res, lookupErr := r.Processor.Lookup(ctx, rec)
+	if errors.Is(lookupErr, processor.ErrNoRecord) {
+		// Nothing moved so far; close the key so that nothing can.
+		res, lookupErr = r.Processor.Cancel(ctx, rec)
+	}
 	// The same words for payments and refunds.
 	status, reason := payments.Decision(lookupErr, true)
 	err = database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {

@@ -25,6 +25,11 @@ type Config struct {
 	// draw with median Latency and 99th percentile LatencyP99: a real
 	// processor's tail, which sizes the outbox (workers >= rate x p99).
 	LatencyP99 time.Duration
+	// CommitDelay passes between a request's arrival and its processing,
+	// whether or not its caller still waits: a processor that received a
+	// charge and makes it late, after the caller gave up and after a lookup
+	// said "no record". A cancel of the key in between stops it.
+	CommitDelay time.Duration
 	// ErrorRate answers 503 without doing anything.
 	ErrorRate float64
 	// DropRate charges, then closes the connection without a reply: the
@@ -59,11 +64,14 @@ type Simulator struct {
 }
 
 type record struct {
-	params   string // the request's parameters, canonical JSON
-	status   int
-	body     []byte
-	amount   int64
-	refunded int64
+	// cancelled: the key was closed before anything was processed with it;
+	// nothing ever moves with it.
+	cancelled bool
+	params    string // the request's parameters, canonical JSON
+	status    int
+	body      []byte
+	amount    int64
+	refunded  int64
 }
 
 // New returns a simulator with cfg's switches.
@@ -120,7 +128,8 @@ func (s *Simulator) ReferencesPerKey() map[string]int {
 	return n
 }
 
-// Waiting is how many requests are in their Latency: not processed yet.
+// Waiting is how many requests are in their Latency or CommitDelay: not
+// processed yet.
 func (s *Simulator) Waiting() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -153,9 +162,15 @@ func (s *Simulator) Stats() Stats {
 }
 
 // ServeHTTP serves POST /v1/charges, POST /v1/refunds, their lookups
-// GET /v1/charges/{key} and GET /v1/refunds/{key}, and GET /v1/stats.
+// GET /v1/charges/{key} and GET /v1/refunds/{key}, their cancels
+// POST /v1/charges/{key}/cancel and POST /v1/refunds/{key}/cancel, and
+// GET /v1/stats.
 func (s *Simulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
+	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/cancel") &&
+		(strings.HasPrefix(r.URL.Path, "/v1/charges/") || strings.HasPrefix(r.URL.Path, "/v1/refunds/")):
+		key := strings.TrimSuffix(strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/v1/charges/"), "/v1/refunds/"), "/cancel")
+		s.cancel(w, key)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/charges":
 		s.serve(w, r, false)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/refunds":
@@ -191,6 +206,29 @@ func (s *Simulator) lookup(w http.ResponseWriter, key string) {
 		w.WriteHeader(rec.status)
 		_, _ = w.Write(rec.body)
 	}
+}
+
+// cancel closes key: a request with it that is on its way, or processed
+// later, moves nothing. It answers with the key's record as it stands once
+// closed (404 no_record when nothing had been processed): a charge made
+// before the cancel stays made. Like a lookup, it is subject to ErrorRate
+// only.
+func (s *Simulator) cancel(w http.ResponseWriter, key string) {
+	s.mu.Lock()
+	fail := s.rng.Float64() < s.cfg.ErrorRate
+	rec, seen := s.records[key]
+	if !fail && !seen {
+		rec = &record{cancelled: true, status: http.StatusNotFound, body: []byte(`{"error":"no_record"}`)}
+		s.records[key] = rec
+	}
+	s.mu.Unlock()
+	if fail {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "unavailable"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(rec.status)
+	_, _ = w.Write(rec.body)
 }
 
 // drawLatency is one request's latency under cfg: Latency, or a log-normal
@@ -239,6 +277,16 @@ func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 	if !arrived {
 		return
 	}
+	if cfg.CommitDelay > 0 {
+		// Arrived: processed later whatever the caller does meanwhile.
+		s.mu.Lock()
+		s.waiting++
+		s.mu.Unlock()
+		time.Sleep(cfg.CommitDelay)
+		s.mu.Lock()
+		s.waiting--
+		s.mu.Unlock()
+	}
 
 	s.mu.Lock()
 	s.calls++
@@ -251,6 +299,7 @@ func (s *Simulator) serve(w http.ResponseWriter, r *http.Request, refund bool) {
 	params, _ := json.Marshal(in.asked)
 	rec, seen := s.records[key]
 	switch {
+	case seen && rec.cancelled: // closed before it was processed: nothing moves
 	case seen && rec.params != string(params):
 		s.mu.Unlock()
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "idempotency_key_reused"})

@@ -142,27 +142,69 @@ func (p *Processor) Lookup(ctx context.Context, rec processor.Record) (processor
 	return processor.Result{}, fmt.Errorf("stripe lookup: unknown operation %q", rec.Op)
 }
 
+// Cancel implements processor.Processor as far as Stripe allows. Stripe has
+// no cancel by idempotency key and no queue of received requests: it
+// decides a call while it answers it. What can still move money later is a
+// PaymentIntent that has not succeeded (one needing an action or a payment
+// method can be completed by someone else; an uncaptured one, captured), so
+// Cancel cancels the PaymentIntent that carries the key, if it is one of
+// those, and answers as Lookup about it. When the search finds none, it
+// answers ErrNoRecord as Lookup does: with Stripe, the reconciler's grace
+// (at least 5 minutes, for the search's lag) is what makes that final. A
+// refund is only looked up: Stripe cancels few kinds of refund.
+func (p *Processor) Cancel(ctx context.Context, rec processor.Record) (processor.Result, error) {
+	if rec.Op != processor.OpCharge {
+		return p.Lookup(ctx, rec)
+	}
+	pi, err := p.findIntent(ctx, rec.Key)
+	if err != nil {
+		return processor.Result{}, err
+	}
+	switch pi.Status {
+	case stripeapi.PaymentIntentStatusRequiresPaymentMethod, stripeapi.PaymentIntentStatusRequiresConfirmation,
+		stripeapi.PaymentIntentStatusRequiresAction, stripeapi.PaymentIntentStatusRequiresCapture:
+		params := &stripeapi.PaymentIntentCancelParams{CancellationReason: stripeapi.String(string(stripeapi.PaymentIntentCancellationReasonAbandoned))}
+		// Canceling twice is refused (the second finds it canceled): the
+		// same call with the same key gets the first answer instead.
+		params.SetIdempotencyKey("cancel-" + rec.Key)
+		if pi, err = p.api.V1PaymentIntents.Cancel(ctx, pi.ID, params); err != nil {
+			return processor.Result{}, unanswered("cancel payment intent", err)
+		}
+	}
+	return intentResult(pi)
+}
+
 // lookupCharge searches the PaymentIntents that carry key. More than one
 // means the key was sent again after Stripe forgot it: the configuration
 // keeps retries inside the key's window, so it is reported, never chosen.
 func (p *Processor) lookupCharge(ctx context.Context, key string) (processor.Result, error) {
+	pi, err := p.findIntent(ctx, key)
+	if err != nil {
+		return processor.Result{}, err
+	}
+	return intentResult(pi)
+}
+
+// findIntent searches the PaymentIntent that carries key: ErrNoRecord when
+// there is none.
+func (p *Processor) findIntent(ctx context.Context, key string) (*stripeapi.PaymentIntent, error) {
 	params := &stripeapi.PaymentIntentSearchParams{}
 	params.Query = fmt.Sprintf("metadata['%s']:'%s'", MetadataKey, quote(key))
 	params.Limit = stripeapi.Int64(2)
 	var found []*stripeapi.PaymentIntent
 	for pi, err := range p.api.V1PaymentIntents.Search(ctx, params) {
 		if err != nil {
-			return processor.Result{}, unanswered("search payment intents", err)
+			return nil, unanswered("search payment intents", err)
 		}
 		found = append(found, pi)
 		if len(found) > 1 {
-			return processor.Result{}, fmt.Errorf("stripe: %d payment intents carry one processor key (%s and %s): look at both", len(found), found[0].ID, found[1].ID)
+			return nil, fmt.Errorf("stripe: %d payment intents carry one processor key (%s and %s): look at both", len(found), found[0].ID, found[1].ID)
 		}
 	}
 	if len(found) == 0 {
-		return processor.Result{}, processor.ErrNoRecord
+		return nil, processor.ErrNoRecord
 	}
-	return intentResult(found[0])
+	return found[0], nil
 }
 
 // lookupRefund lists the refunds of the charge's PaymentIntent for the one

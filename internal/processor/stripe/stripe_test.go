@@ -25,6 +25,8 @@ type fakeStripe struct {
 	status   int
 	header   http.Header
 	body     string
+	// byPath answers a request to its path with its body instead of body.
+	byPath map[string]string
 }
 
 func (f *fakeStripe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -48,7 +50,11 @@ func (f *fakeStripe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(f.status)
-	_, _ = w.Write([]byte(f.body))
+	body, ok := f.byPath[r.URL.Path]
+	if !ok {
+		body = f.body
+	}
+	_, _ = w.Write([]byte(body))
 }
 
 func newFake(t *testing.T, status int, body string, header http.Header) (*fakeStripe, *stripe.Processor) {
@@ -260,6 +266,47 @@ func TestLookupRefund(t *testing.T) {
 	_, err = p.Lookup(context.Background(), processor.Record{Op: processor.OpRefund, Key: "refund-key"})
 	verdict, _ := processor.Judge(err, true)
 	require.Equal(t, processor.Unknown, verdict, "without the charge's id the refund cannot be found: never \"no record\"")
+}
+
+// TestCancelCharge: before "no record" is final the reconciler cancels the
+// key; with Stripe, that cancels the key's PaymentIntent if it could still
+// move money, and answers about it as a lookup does.
+func TestCancelCharge(t *testing.T) {
+	t.Parallel()
+	canceled := `{"id": "pi_1", "object": "payment_intent", "status": "canceled"}`
+	cases := []struct {
+		name    string
+		found   string
+		cancels bool
+		verdict processor.Verdict
+		reason  string
+	}{
+		{"charged: nothing undone", searchPage(intentSucceeded), false, processor.Moved, ""},
+		{"waiting for the customer: canceled", searchPage(intentNeedsSCA), true, processor.NotMoved, "canceled"},
+		{"uncaptured: canceled", searchPage(intentUncaptured), true, processor.NotMoved, "canceled"},
+		{"no payment intent", searchPage(), false, processor.NotMoved, processor.ReasonNoRecord},
+		{"still processing: cannot say", searchPage(intentProcessing), false, processor.Unknown, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f, p := newFake(t, 200, c.found, nil)
+			f.byPath = map[string]string{"/v1/payment_intents/pi_1/cancel": canceled}
+			_, err := p.Cancel(context.Background(), processor.Record{Op: processor.OpCharge, Key: "k"})
+			verdict, reason := processor.Judge(err, true)
+			require.Equal(t, c.verdict, verdict, "error: %v", err)
+			require.Equal(t, c.reason, reason)
+			require.Equal(t, "GET /v1/payment_intents/search", f.requests[0].Method+" "+f.requests[0].URL.Path)
+			if !c.cancels {
+				require.Len(t, f.requests, 1, "nothing to cancel")
+				return
+			}
+			require.Len(t, f.requests, 2)
+			r := f.requests[1]
+			require.Equal(t, "POST /v1/payment_intents/pi_1/cancel", r.Method+" "+r.URL.Path)
+			require.Equal(t, "cancel-k", r.Header.Get("Idempotency-Key"))
+		})
+	}
 }
 
 // A refused search or list says nothing about the charge or refund it looks

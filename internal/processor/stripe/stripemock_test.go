@@ -128,6 +128,10 @@ func TestStripeAcceptsEveryCall(t *testing.T) {
 	accepted(t, err)
 	require.ErrorAs(t, err, &declined, "the search finds the fixture PaymentIntent")
 
+	_, err = p.Cancel(ctx, processor.Record{Op: processor.OpCharge, Key: "intent-key"})
+	accepted(t, err)
+	require.ErrorAs(t, err, &declined, "the fixture PaymentIntent, canceled: nothing moved")
+
 	_, err = p.Lookup(ctx, processor.Record{Op: processor.OpRefund, Key: "refund-key", ChargeID: "pi_123"})
 	require.ErrorIs(t, err, processor.ErrNoRecord, "the fixture refunds carry no processor key")
 }
