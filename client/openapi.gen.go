@@ -26,6 +26,7 @@ const (
 	EventTypeRefundFailed                  EventType = "refund.failed"
 	EventTypeRefundRequiresReconciliation  EventType = "refund.requires_reconciliation"
 	EventTypeRefundSucceeded               EventType = "refund.succeeded"
+	EventTypeWebhookEndpointDisabled       EventType = "webhook_endpoint.disabled"
 )
 
 // Valid indicates whether the value is a known member of the EventType enum.
@@ -42,6 +43,8 @@ func (e EventType) Valid() bool {
 	case EventTypeRefundRequiresReconciliation:
 		return true
 	case EventTypeRefundSucceeded:
+		return true
+	case EventTypeWebhookEndpointDisabled:
 		return true
 	default:
 		return false
@@ -113,10 +116,12 @@ const (
 	ProblemTypeHttpspaymentsReferenceDevproblemsrefundExceedsPayment         ProblemType = "https://payments-reference.dev/problems/refund-exceeds-payment"
 	ProblemTypeHttpspaymentsReferenceDevproblemsrequestTimeout               ProblemType = "https://payments-reference.dev/problems/request-timeout"
 	ProblemTypeHttpspaymentsReferenceDevproblemsserviceUnavailable           ProblemType = "https://payments-reference.dev/problems/service-unavailable"
+	ProblemTypeHttpspaymentsReferenceDevproblemstooManyEventsToRecover       ProblemType = "https://payments-reference.dev/problems/too-many-events-to-recover"
 	ProblemTypeHttpspaymentsReferenceDevproblemstooManyWebhookEndpoints      ProblemType = "https://payments-reference.dev/problems/too-many-webhook-endpoints"
 	ProblemTypeHttpspaymentsReferenceDevproblemsunauthenticated              ProblemType = "https://payments-reference.dev/problems/unauthenticated"
 	ProblemTypeHttpspaymentsReferenceDevproblemsunsupportedMediaType         ProblemType = "https://payments-reference.dev/problems/unsupported-media-type"
 	ProblemTypeHttpspaymentsReferenceDevproblemsvalidationFailed             ProblemType = "https://payments-reference.dev/problems/validation-failed"
+	ProblemTypeHttpspaymentsReferenceDevproblemswebhookEndpointDisabled      ProblemType = "https://payments-reference.dev/problems/webhook-endpoint-disabled"
 )
 
 // Valid indicates whether the value is a known member of the ProblemType enum.
@@ -158,6 +163,8 @@ func (e ProblemType) Valid() bool {
 		return true
 	case ProblemTypeHttpspaymentsReferenceDevproblemsserviceUnavailable:
 		return true
+	case ProblemTypeHttpspaymentsReferenceDevproblemstooManyEventsToRecover:
+		return true
 	case ProblemTypeHttpspaymentsReferenceDevproblemstooManyWebhookEndpoints:
 		return true
 	case ProblemTypeHttpspaymentsReferenceDevproblemsunauthenticated:
@@ -165,6 +172,8 @@ func (e ProblemType) Valid() bool {
 	case ProblemTypeHttpspaymentsReferenceDevproblemsunsupportedMediaType:
 		return true
 	case ProblemTypeHttpspaymentsReferenceDevproblemsvalidationFailed:
+		return true
+	case ProblemTypeHttpspaymentsReferenceDevproblemswebhookEndpointDisabled:
 		return true
 	default:
 		return false
@@ -216,6 +225,30 @@ func (e RefundStatus) Valid() bool {
 	}
 }
 
+// Defines values for WebhookEndpointDisabledReason.
+const (
+	WebhookEndpointDisabledReasonFailing      WebhookEndpointDisabledReason = "failing"
+	WebhookEndpointDisabledReasonLessThannil  WebhookEndpointDisabledReason = "<nil>"
+	WebhookEndpointDisabledReasonReceiverGone WebhookEndpointDisabledReason = "receiver_gone"
+	WebhookEndpointDisabledReasonRequested    WebhookEndpointDisabledReason = "requested"
+)
+
+// Valid indicates whether the value is a known member of the WebhookEndpointDisabledReason enum.
+func (e WebhookEndpointDisabledReason) Valid() bool {
+	switch e {
+	case WebhookEndpointDisabledReasonFailing:
+		return true
+	case WebhookEndpointDisabledReasonLessThannil:
+		return true
+	case WebhookEndpointDisabledReasonReceiverGone:
+		return true
+	case WebhookEndpointDisabledReasonRequested:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for WebhookEndpointStatus.
 const (
 	WebhookEndpointStatusDeleted  WebhookEndpointStatus = "deleted"
@@ -237,6 +270,33 @@ func (e WebhookEndpointStatus) Valid() bool {
 	}
 }
 
+// Defines values for WebhookEndpointUpdateStatus.
+const (
+	WebhookEndpointUpdateStatusDisabled    WebhookEndpointUpdateStatus = "disabled"
+	WebhookEndpointUpdateStatusEnabled     WebhookEndpointUpdateStatus = "enabled"
+	WebhookEndpointUpdateStatusLessThannil WebhookEndpointUpdateStatus = "<nil>"
+)
+
+// Valid indicates whether the value is a known member of the WebhookEndpointUpdateStatus enum.
+func (e WebhookEndpointUpdateStatus) Valid() bool {
+	switch e {
+	case WebhookEndpointUpdateStatusDisabled:
+		return true
+	case WebhookEndpointUpdateStatusEnabled:
+		return true
+	case WebhookEndpointUpdateStatusLessThannil:
+		return true
+	default:
+		return false
+	}
+}
+
+// EnabledEvents The event types the endpoint is sent; `["*"]` (the default) is every type, including
+// types added later, and stands alone.
+//
+// Example: ["payment.succeeded","payment.failed"]
+type EnabledEvents = []string
+
 // Event One status change of a payment or a refund, recorded in the transaction that made
 // it: an event exists if and only if its change committed. It is also the body of
 // every webhook delivery, whose `webhook-id` header is the event's `id`: apply each
@@ -246,7 +306,7 @@ func (e WebhookEndpointStatus) Valid() bool {
 type Event struct {
 	CreatedAt time.Time `json:"created_at"`
 	Data      struct {
-		// Object The payment or the refund as the change left it.
+		// Object The payment, the refund or the webhook endpoint as the change left it.
 		Object Event_Data_Object `json:"object"`
 	} `json:"data"`
 	Id       openapi_types.UUID `json:"id"`
@@ -263,18 +323,22 @@ type Event struct {
 
 	// Type The object's kind and its new status. `*.requires_reconciliation`: the
 	// processor's answer was never seen; a later event says how the reconciler
-	// settled it.
+	// settled it. `webhook_endpoint.disabled`: an endpoint failed every delivery
+	// attempt for 5 days (`WEBHOOK_DISABLE_AFTER`) and was disabled; its `request`
+	// fields are null.
 	Type EventType `json:"type"`
 }
 
-// Event_Data_Object The payment or the refund as the change left it.
+// Event_Data_Object The payment, the refund or the webhook endpoint as the change left it.
 type Event_Data_Object struct {
 	union json.RawMessage
 }
 
 // EventType The object's kind and its new status. `*.requires_reconciliation`: the
 // processor's answer was never seen; a later event says how the reconciler
-// settled it.
+// settled it. `webhook_endpoint.disabled`: an endpoint failed every delivery
+// attempt for 5 days (`WEBHOOK_DISABLE_AFTER`) and was disabled; its `request`
+// fields are null.
 type EventType string
 
 // EventList Example: {"data":[{"created_at":"2026-12-03T10:15:30.456789Z","data":{"object":{"amount":2500,"amount_refunded":0,"created_at":"2026-12-03T10:15:30.123456Z","currency":"usd","description":null,"failure_reason":null,"id":"01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b","livemode":false,"metadata":{},"status":"succeeded"}},"id":"01936f51-7a8b-7c9d-8e0f-1a2b3c4d5e6f","livemode":false,"request":{"id":"req_5f1c2a9e7b3d4e6f8a0b1c2d3e4f5a6b","idempotency_key":"7c9e6679-7425-40de-944b-e07fc1f90ae7"},"type":"payment.succeeded"}],"has_more":false}
@@ -323,6 +387,13 @@ type NewRefundReason string
 type NewWebhookEndpoint struct {
 	// Description Up to 1000 characters, without U+0000. `null` is the same as absent.
 	Description *string `json:"description,omitempty"`
+
+	// EnabledEvents The event types the endpoint is sent; `["*"]` (the default) is every type, including
+	// types added later, and stands alone.
+	//
+	//
+	// Example: ["payment.succeeded","payment.failed"]
+	EnabledEvents *EnabledEvents `json:"enabled_events,omitempty"`
 
 	// Url An absolute `https` URL whose host resolves only to public addresses (`http` and
 	// private addresses only where the server allows them for development), without
@@ -406,6 +477,8 @@ type PaymentList struct {
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -490,11 +563,26 @@ type WebhookDeliveryList struct {
 	HasMore bool              `json:"has_more"`
 }
 
-// WebhookEndpoint Example: {"created_at":"2026-12-03T10:14:00.000001Z","description":"Order fulfilment","id":"01936f50-1b2c-7d3e-8f4a-5b6c7d8e9f0a","previous_secret_expires_at":null,"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw6Nl43qkDvh0=","status":"enabled","url":"https://example.com/webhooks/payments"}
+// WebhookEndpoint Example: {"created_at":"2026-12-03T10:14:00.000001Z","description":"Order fulfilment","disabled_reason":null,"enabled_events":["*"],"failing_since":null,"id":"01936f50-1b2c-7d3e-8f4a-5b6c7d8e9f0a","previous_secret_expires_at":null,"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw6Nl43qkDvh0=","status":"enabled","url":"https://example.com/webhooks/payments"}
 type WebhookEndpoint struct {
-	CreatedAt   time.Time          `json:"created_at"`
-	Description *string            `json:"description"`
-	Id          openapi_types.UUID `json:"id"`
+	CreatedAt   time.Time `json:"created_at"`
+	Description *string   `json:"description"`
+
+	// DisabledReason Why a disabled endpoint is: its receiver answered 410 Gone (`receiver_gone`);
+	// every attempt failed for 5 days (`failing`, with a `webhook_endpoint.disabled`
+	// event); you disabled it (`requested`). Null when enabled.
+	DisabledReason *WebhookEndpointDisabledReason `json:"disabled_reason"`
+
+	// EnabledEvents The event types the endpoint is sent; `["*"]` (the default) is every type, including
+	// types added later, and stands alone.
+	//
+	//
+	// Example: ["payment.succeeded","payment.failed"]
+	EnabledEvents EnabledEvents `json:"enabled_events"`
+
+	// FailingSince When the endpoint's current run of failed attempts began; null after a delivered one.
+	FailingSince *time.Time         `json:"failing_since"`
+	Id           openapi_types.UUID `json:"id"`
 
 	// PreviousSecretExpiresAt Until then, deliveries are signed by the previous secret too (after a rotation).
 	PreviousSecretExpiresAt *time.Time `json:"previous_secret_expires_at"`
@@ -503,22 +591,53 @@ type WebhookEndpoint struct {
 	// made it (the creation, a rotation) and its replays.
 	Secret *string `json:"secret,omitempty"`
 
-	// Status `disabled`: a receiver answered 410 Gone, and the endpoint gets no more
-	// deliveries (register a new one). `deleted`: by a DELETE.
+	// Status `disabled`: the endpoint gets no deliveries until it is enabled again (PATCH);
+	// `disabled_reason` says why. `deleted`: by a DELETE.
 	Status WebhookEndpointStatus `json:"status"`
 	Url    string                `json:"url"`
 }
 
-// WebhookEndpointStatus `disabled`: a receiver answered 410 Gone, and the endpoint gets no more
-// deliveries (register a new one). `deleted`: by a DELETE.
+// WebhookEndpointDisabledReason Why a disabled endpoint is: its receiver answered 410 Gone (`receiver_gone`);
+// every attempt failed for 5 days (`failing`, with a `webhook_endpoint.disabled`
+// event); you disabled it (`requested`). Null when enabled.
+type WebhookEndpointDisabledReason string
+
+// WebhookEndpointStatus `disabled`: the endpoint gets no deliveries until it is enabled again (PATCH);
+// `disabled_reason` says why. `deleted`: by a DELETE.
 type WebhookEndpointStatus string
 
-// WebhookEndpointList Example: {"data":[{"created_at":"2026-12-03T10:14:00.000001Z","description":"Order fulfilment","id":"01936f50-1b2c-7d3e-8f4a-5b6c7d8e9f0a","previous_secret_expires_at":null,"status":"enabled","url":"https://example.com/webhooks/payments"}],"has_more":false}
+// WebhookEndpointList Example: {"data":[{"created_at":"2026-12-03T10:14:00.000001Z","description":"Order fulfilment","disabled_reason":null,"enabled_events":["*"],"failing_since":null,"id":"01936f50-1b2c-7d3e-8f4a-5b6c7d8e9f0a","previous_secret_expires_at":null,"status":"enabled","url":"https://example.com/webhooks/payments"}],"has_more":false}
 type WebhookEndpointList struct {
 	Data []WebhookEndpoint `json:"data"`
 
 	// HasMore Always false: an account has at most 16 endpoints.
 	HasMore bool `json:"has_more"`
+}
+
+// WebhookEndpointUpdate Example: {"status":"enabled"}
+type WebhookEndpointUpdate struct {
+	// EnabledEvents The event types the endpoint is sent; `["*"]` (the default) is every type, including
+	// types added later, and stands alone.
+	//
+	//
+	// Example: ["payment.succeeded","payment.failed"]
+	EnabledEvents *EnabledEvents `json:"enabled_events,omitempty"`
+
+	// Status `enabled` sends it events again; `disabled` stops them (`disabled_reason:
+	// requested`). `null` is the same as absent.
+	Status *WebhookEndpointUpdateStatus `json:"status,omitempty"`
+}
+
+// WebhookEndpointUpdateStatus `enabled` sends it events again; `disabled` stops them (`disabled_reason:
+// requested`). `null` is the same as absent.
+type WebhookEndpointUpdateStatus string
+
+// WebhookRedelivery Example: {"endpoint_id":"01936f50-1b2c-7d3e-8f4a-5b6c7d8e9f0a","queued":12}
+type WebhookRedelivery struct {
+	EndpointId openapi_types.UUID `json:"endpoint_id"`
+
+	// Queued Deliveries queued; each attempt is listed under the endpoint's deliveries.
+	Queued int `json:"queued"`
 }
 
 // IdempotencyKey defines model for IdempotencyKey.
@@ -558,6 +677,8 @@ type StartingAfter = openapi_types.UUID
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -566,6 +687,39 @@ type StartingAfter = openapi_types.UUID
 //
 // Example: {"detail":"The refund of 3000 exceeds the 1500 that remains refundable on this payment (pending refunds count).","request_id":"req_5f1c2a9e7b3d4e6f8a0b1c2d3e4f5a6b","status":422,"title":"The refund exceeds what remains of the payment","type":"https://payments-reference.dev/problems/refund-exceeds-payment"}
 type BadRequest = Problem
+
+// EndpointDisabledOrInProgress RFC 9457 problem details. The types, after
+// `https://payments-reference.dev/problems/`:
+//
+// | type | status | meaning |
+// |---|---|---|
+// | `validation-failed` | 400 | fields invalid; see `errors` |
+// | `invalid-json` | 400 | the body is not exactly one JSON value |
+// | `idempotency-key-missing` | 400 | a POST without `Idempotency-Key` |
+// | `idempotency-key-invalid` | 400 | key longer than 255 or not printable ASCII |
+// | `unauthenticated` | 401 | missing, unknown or revoked API key |
+// | `forbidden` | 403 | the key lacks the operation's scope |
+// | `not-found` | 404 | no such resource, or another principal's |
+// | `method-not-allowed` | 405 | the resource does not support the method; `Allow` lists the ones it does (HEAD answers wherever GET does) |
+// | `idempotency-request-in-progress` | 409 | another request with this key is running |
+// | `request-timeout` | 408 | the body did not arrive in time; nothing executed |
+// | `payload-too-large` | 413 | body over the limit |
+// | `unsupported-media-type` | 415 | body not `application/json` |
+// | `idempotency-key-reused` | 422 | key used for a different request; nothing executed |
+// | `payment-processing` | 409 | the payment's charge is not decided yet (processing, or waiting for reconciliation); retry with the same key |
+// | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
+// | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
+// | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
+// | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
+// | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
+// | `internal-error` | 500 | nothing stored; retry with the same key |
+// | `service-unavailable` | 503 | nothing stored; retry after `Retry-After` |
+// | `outcome-unknown` | 503 | lost while committing: may have taken effect; retry with the same key only |
+//
+// Example: {"detail":"The refund of 3000 exceeds the 1500 that remains refundable on this payment (pending refunds count).","request_id":"req_5f1c2a9e7b3d4e6f8a0b1c2d3e4f5a6b","status":422,"title":"The refund exceeds what remains of the payment","type":"https://payments-reference.dev/problems/refund-exceeds-payment"}
+type EndpointDisabledOrInProgress = Problem
 
 // Forbidden RFC 9457 problem details. The types, after
 // `https://payments-reference.dev/problems/`:
@@ -589,6 +743,8 @@ type BadRequest = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -620,6 +776,8 @@ type Forbidden = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -651,6 +809,8 @@ type InProgress = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -682,6 +842,8 @@ type InternalError = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -713,6 +875,8 @@ type KeyReused = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -744,6 +908,8 @@ type NotFound = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -775,6 +941,8 @@ type PayloadTooLarge = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -806,6 +974,8 @@ type QuotaExceeded = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -837,6 +1007,8 @@ type RateLimited = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -868,6 +1040,8 @@ type RequestTimeout = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -899,6 +1073,8 @@ type Unauthorized = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -930,6 +1106,8 @@ type Unavailable = Problem
 // | `refund-exceeds-payment` | 422 | refund larger than what remains; stored and replayed |
 // | `payment-not-refundable` | 422 | the payment failed; stored and replayed |
 // | `too-many-webhook-endpoints` | 422 | the principal has 16 webhook endpoints; stored and replayed |
+// | `webhook-endpoint-disabled` | 409 | a resend or recover to a disabled endpoint; enable it, retry with the same key |
+// | `too-many-events-to-recover` | 422 | a recover's window holds more than 1000 events; nothing queued; recover it in parts |
 // | `rate-limited` | 429 | more requests this second than the caller's rate limit; retry after `Retry-After` |
 // | `idempotency-key-quota-exceeded` | 429 | too many live keys for the principal |
 // | `internal-error` | 500 | nothing stored; retry with the same key |
@@ -1053,6 +1231,18 @@ type DeleteWebhookEndpointParams struct {
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
+// UpdateWebhookEndpointParams defines parameters for UpdateWebhookEndpoint.
+type UpdateWebhookEndpointParams struct {
+	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
 // ListWebhookDeliveriesParams defines parameters for ListWebhookDeliveries.
 type ListWebhookDeliveriesParams struct {
 	// Limit The most items in the page, 1 to 100 (default 100).
@@ -1075,6 +1265,44 @@ type ListWebhookDeliveriesParams struct {
 	StartingAfter *StartingAfter `form:"starting_after,omitempty" json:"starting_after,omitempty"`
 }
 
+// RecoverWebhookEventsJSONBody defines parameters for RecoverWebhookEvents.
+type RecoverWebhookEventsJSONBody struct {
+	// Since Events made at or after this.
+	Since time.Time `json:"since"`
+
+	// Until Events made before this; after `since`. Absent, now.
+	Until *time.Time `json:"until,omitempty"`
+}
+
+// RecoverWebhookEventsParams defines parameters for RecoverWebhookEvents.
+type RecoverWebhookEventsParams struct {
+	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
+// ResendWebhookEventJSONBody defines parameters for ResendWebhookEvent.
+type ResendWebhookEventJSONBody struct {
+	EventId openapi_types.UUID `json:"event_id"`
+}
+
+// ResendWebhookEventParams defines parameters for ResendWebhookEvent.
+type ResendWebhookEventParams struct {
+	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
+	// quoted Structured Field string (`"abc"` is the key `abc`). Sent once: a request
+	// with two `Idempotency-Key` headers is a 400. A bare key cannot begin with a
+	// double quote, and HTTP trims spaces at either end of a header value. A quoted
+	// key holds 1-255 characters, with `\"` and `\\` as its only escapes. Scoped to
+	// your principal and this endpoint. Retries with the same key within 24 hours get
+	// the original response.
+	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
 // RotateWebhookSecretParams defines parameters for RotateWebhookSecret.
 type RotateWebhookSecretParams struct {
 	// IdempotencyKey Unique per intended operation; 1-255 printable ASCII characters, bare or as a
@@ -1095,6 +1323,15 @@ type CreateRefundJSONRequestBody = NewRefund
 
 // CreateWebhookEndpointJSONRequestBody defines body for CreateWebhookEndpoint for application/json ContentType.
 type CreateWebhookEndpointJSONRequestBody = NewWebhookEndpoint
+
+// UpdateWebhookEndpointJSONRequestBody defines body for UpdateWebhookEndpoint for application/json ContentType.
+type UpdateWebhookEndpointJSONRequestBody = WebhookEndpointUpdate
+
+// RecoverWebhookEventsJSONRequestBody defines body for RecoverWebhookEvents for application/json ContentType.
+type RecoverWebhookEventsJSONRequestBody RecoverWebhookEventsJSONBody
+
+// ResendWebhookEventJSONRequestBody defines body for ResendWebhookEvent for application/json ContentType.
+type ResendWebhookEventJSONRequestBody ResendWebhookEventJSONBody
 
 // AsPayment returns the union data inside the Event_Data_Object as a Payment
 func (t Event_Data_Object) AsPayment() (Payment, error) {
@@ -1138,6 +1375,32 @@ func (t *Event_Data_Object) FromRefund(v Refund) error {
 
 // MergeRefund performs a merge with any union data inside the Event_Data_Object, using the provided Refund
 func (t *Event_Data_Object) MergeRefund(v Refund) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsWebhookEndpoint returns the union data inside the Event_Data_Object as a WebhookEndpoint
+func (t Event_Data_Object) AsWebhookEndpoint() (WebhookEndpoint, error) {
+	var body WebhookEndpoint
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromWebhookEndpoint overwrites any union data inside the Event_Data_Object as the provided WebhookEndpoint
+func (t *Event_Data_Object) FromWebhookEndpoint(v WebhookEndpoint) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeWebhookEndpoint performs a merge with any union data inside the Event_Data_Object, using the provided WebhookEndpoint
+func (t *Event_Data_Object) MergeWebhookEndpoint(v WebhookEndpoint) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -1338,7 +1601,8 @@ type ClientInterface interface {
 
 	// CreateWebhookEndpointWithBody Register a webhook endpoint
 	//
-	// Registers a URL that receives every later event of your principal. The response
+	// Registers a URL that receives every later event of your principal (or those of the
+	// types in `enabled_events`). The response
 	// shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 	// replay of this request, within the retry window). The service stores no secret: it
 	// derives it again when signing, and when replaying.
@@ -1357,7 +1621,8 @@ type ClientInterface interface {
 
 	// CreateWebhookEndpoint Register a webhook endpoint
 	//
-	// Registers a URL that receives every later event of your principal. The response
+	// Registers a URL that receives every later event of your principal (or those of the
+	// types in `enabled_events`). The response
 	// shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 	// replay of this request, within the retry window). The service stores no secret: it
 	// derives it again when signing, and when replaying.
@@ -1387,6 +1652,30 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/webhook_endpoints/{id} (the `GetWebhookEndpoint` operationId).
 	GetWebhookEndpoint(ctx context.Context, id ResourceID, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// UpdateWebhookEndpointWithBody Enable, disable, or filter a webhook endpoint
+	//
+	// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+	// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+	// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+	// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+	UpdateWebhookEndpointWithBody(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateWebhookEndpoint Enable, disable, or filter a webhook endpoint
+	//
+	// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+	// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+	// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+	// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+	UpdateWebhookEndpoint(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, body UpdateWebhookEndpointJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListWebhookDeliveries List an endpoint's delivery attempts
 	//
 	// Every attempt to deliver an event to the endpoint whose end the service saw, oldest
@@ -1396,6 +1685,64 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/webhook_endpoints/{id}/deliveries (the `ListWebhookDeliveries` operationId).
 	ListWebhookDeliveries(ctx context.Context, id ResourceID, params *ListWebhookDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RecoverWebhookEventsWithBody Deliver again every event since a time
+	//
+	// Queues a new delivery, oldest first, of every event made from `since` until
+	// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+	// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+	// At most 1000 events at once: a longer window is refused (422
+	// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+	// each with its own key. The endpoint must be enabled (409
+	// `webhook-endpoint-disabled`, not stored).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+	RecoverWebhookEventsWithBody(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RecoverWebhookEvents Deliver again every event since a time
+	//
+	// Queues a new delivery, oldest first, of every event made from `since` until
+	// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+	// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+	// At most 1000 events at once: a longer window is refused (422
+	// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+	// each with its own key. The endpoint must be enabled (409
+	// `webhook-endpoint-disabled`, not stored).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+	RecoverWebhookEvents(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, body RecoverWebhookEventsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResendWebhookEventWithBody Deliver one event to an endpoint again
+	//
+	// Queues a new delivery of the event to the endpoint, on the published schedule, with
+	// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+	// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+	// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+	// then retry with the same key); an event that does not exist, or was swept after
+	// its 30 days, is 404.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+	ResendWebhookEventWithBody(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResendWebhookEvent Deliver one event to an endpoint again
+	//
+	// Queues a new delivery of the event to the endpoint, on the published schedule, with
+	// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+	// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+	// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+	// then retry with the same key); an event that does not exist, or was swept after
+	// its 30 days, is 404.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+	ResendWebhookEvent(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, body ResendWebhookEventJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RotateWebhookSecret Rotate an endpoint's signing secret
 	//
@@ -1625,7 +1972,8 @@ func (c *RawClient) ListWebhookEndpoints(ctx context.Context, reqEditors ...Requ
 
 // CreateWebhookEndpointWithBody Register a webhook endpoint
 //
-// Registers a URL that receives every later event of your principal. The response
+// Registers a URL that receives every later event of your principal (or those of the
+// types in `enabled_events`). The response
 // shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 // replay of this request, within the retry window). The service stores no secret: it
 // derives it again when signing, and when replaying.
@@ -1654,7 +2002,8 @@ func (c *RawClient) CreateWebhookEndpointWithBody(ctx context.Context, params *C
 
 // CreateWebhookEndpoint Register a webhook endpoint
 //
-// Registers a URL that receives every later event of your principal. The response
+// Registers a URL that receives every later event of your principal (or those of the
+// types in `enabled_events`). The response
 // shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 // replay of this request, within the retry window). The service stores no secret: it
 // derives it again when signing, and when replaying.
@@ -1714,6 +2063,50 @@ func (c *RawClient) GetWebhookEndpoint(ctx context.Context, id ResourceID, reqEd
 	return c.Client.Do(req)
 }
 
+// UpdateWebhookEndpointWithBody Enable, disable, or filter a webhook endpoint
+//
+// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+func (c *RawClient) UpdateWebhookEndpointWithBody(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateWebhookEndpointRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateWebhookEndpoint Enable, disable, or filter a webhook endpoint
+//
+// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+func (c *RawClient) UpdateWebhookEndpoint(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, body UpdateWebhookEndpointJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateWebhookEndpointRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListWebhookDeliveries List an endpoint's delivery attempts
 //
 // Every attempt to deliver an event to the endpoint whose end the service saw, oldest
@@ -1724,6 +2117,104 @@ func (c *RawClient) GetWebhookEndpoint(ctx context.Context, id ResourceID, reqEd
 // Corresponds with GET /v1/webhook_endpoints/{id}/deliveries (the `ListWebhookDeliveries` operationId).
 func (c *RawClient) ListWebhookDeliveries(ctx context.Context, id ResourceID, params *ListWebhookDeliveriesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListWebhookDeliveriesRequest(c.Server, id, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RecoverWebhookEventsWithBody Deliver again every event since a time
+//
+// Queues a new delivery, oldest first, of every event made from `since` until
+// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+// At most 1000 events at once: a longer window is refused (422
+// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+// each with its own key. The endpoint must be enabled (409
+// `webhook-endpoint-disabled`, not stored).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+func (c *RawClient) RecoverWebhookEventsWithBody(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRecoverWebhookEventsRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RecoverWebhookEvents Deliver again every event since a time
+//
+// Queues a new delivery, oldest first, of every event made from `since` until
+// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+// At most 1000 events at once: a longer window is refused (422
+// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+// each with its own key. The endpoint must be enabled (409
+// `webhook-endpoint-disabled`, not stored).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+func (c *RawClient) RecoverWebhookEvents(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, body RecoverWebhookEventsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRecoverWebhookEventsRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResendWebhookEventWithBody Deliver one event to an endpoint again
+//
+// Queues a new delivery of the event to the endpoint, on the published schedule, with
+// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+// then retry with the same key); an event that does not exist, or was swept after
+// its 30 days, is 404.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+func (c *RawClient) ResendWebhookEventWithBody(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResendWebhookEventRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResendWebhookEvent Deliver one event to an endpoint again
+//
+// Queues a new delivery of the event to the endpoint, on the published schedule, with
+// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+// then retry with the same key); an event that does not exist, or was swept after
+// its 30 days, is 404.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+func (c *RawClient) ResendWebhookEvent(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, body ResendWebhookEventJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResendWebhookEventRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2336,6 +2827,66 @@ func NewGetWebhookEndpointRequest(server string, id ResourceID) (*http.Request, 
 	return req, nil
 }
 
+// NewUpdateWebhookEndpointRequest calls the generic UpdateWebhookEndpoint builder with application/json body
+func NewUpdateWebhookEndpointRequest(server string, id ResourceID, params *UpdateWebhookEndpointParams, body UpdateWebhookEndpointJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateWebhookEndpointRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewUpdateWebhookEndpointRequestWithBody constructs an http.Request for the UpdateWebhookEndpoint method, with any body, and a specified content type
+func NewUpdateWebhookEndpointRequestWithBody(server string, id ResourceID, params *UpdateWebhookEndpointParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/webhook_endpoints/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
+	}
+
+	return req, nil
+}
+
 // NewListWebhookDeliveriesRequest constructs an http.Request for the ListWebhookDeliveries method
 func NewListWebhookDeliveriesRequest(server string, id ResourceID, params *ListWebhookDeliveriesParams) (*http.Request, error) {
 	var err error
@@ -2404,6 +2955,126 @@ func NewListWebhookDeliveriesRequest(server string, id ResourceID, params *ListW
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewRecoverWebhookEventsRequest calls the generic RecoverWebhookEvents builder with application/json body
+func NewRecoverWebhookEventsRequest(server string, id ResourceID, params *RecoverWebhookEventsParams, body RecoverWebhookEventsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewRecoverWebhookEventsRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewRecoverWebhookEventsRequestWithBody constructs an http.Request for the RecoverWebhookEvents method, with any body, and a specified content type
+func NewRecoverWebhookEventsRequestWithBody(server string, id ResourceID, params *RecoverWebhookEventsParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/webhook_endpoints/%s/recover", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
+	}
+
+	return req, nil
+}
+
+// NewResendWebhookEventRequest calls the generic ResendWebhookEvent builder with application/json body
+func NewResendWebhookEventRequest(server string, id ResourceID, params *ResendWebhookEventParams, body ResendWebhookEventJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewResendWebhookEventRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewResendWebhookEventRequestWithBody constructs an http.Request for the ResendWebhookEvent method, with any body, and a specified content type
+func NewResendWebhookEventRequestWithBody(server string, id ResourceID, params *ResendWebhookEventParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/webhook_endpoints/%s/resend", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idempotency-Key", headerParam0)
+
 	}
 
 	return req, nil
@@ -2620,7 +3291,8 @@ type ClientWithResponsesInterface interface {
 
 	// CreateWebhookEndpointWithBodyWithResponse Register a webhook endpoint
 	//
-	// Registers a URL that receives every later event of your principal. The response
+	// Registers a URL that receives every later event of your principal (or those of the
+	// types in `enabled_events`). The response
 	// shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 	// replay of this request, within the retry window). The service stores no secret: it
 	// derives it again when signing, and when replaying.
@@ -2639,7 +3311,8 @@ type ClientWithResponsesInterface interface {
 
 	// CreateWebhookEndpointWithResponse Register a webhook endpoint
 	//
-	// Registers a URL that receives every later event of your principal. The response
+	// Registers a URL that receives every later event of your principal (or those of the
+	// types in `enabled_events`). The response
 	// shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 	// replay of this request, within the retry window). The service stores no secret: it
 	// derives it again when signing, and when replaying.
@@ -2673,6 +3346,30 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/webhook_endpoints/{id} (the `GetWebhookEndpoint` operationId).
 	GetWebhookEndpointWithResponse(ctx context.Context, id ResourceID, reqEditors ...RequestEditorFn) (*GetWebhookEndpointResponse, error)
 
+	// UpdateWebhookEndpointWithBodyWithResponse Enable, disable, or filter a webhook endpoint
+	//
+	// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+	// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+	// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+	// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+	UpdateWebhookEndpointWithBodyWithResponse(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateWebhookEndpointResponse, error)
+
+	// UpdateWebhookEndpointWithResponse Enable, disable, or filter a webhook endpoint
+	//
+	// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+	// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+	// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+	// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+	UpdateWebhookEndpointWithResponse(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, body UpdateWebhookEndpointJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateWebhookEndpointResponse, error)
+
 	// ListWebhookDeliveriesWithResponse List an endpoint's delivery attempts
 	//
 	// Every attempt to deliver an event to the endpoint whose end the service saw, oldest
@@ -2684,6 +3381,64 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/webhook_endpoints/{id}/deliveries (the `ListWebhookDeliveries` operationId).
 	ListWebhookDeliveriesWithResponse(ctx context.Context, id ResourceID, params *ListWebhookDeliveriesParams, reqEditors ...RequestEditorFn) (*ListWebhookDeliveriesResponse, error)
+
+	// RecoverWebhookEventsWithBodyWithResponse Deliver again every event since a time
+	//
+	// Queues a new delivery, oldest first, of every event made from `since` until
+	// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+	// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+	// At most 1000 events at once: a longer window is refused (422
+	// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+	// each with its own key. The endpoint must be enabled (409
+	// `webhook-endpoint-disabled`, not stored).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+	RecoverWebhookEventsWithBodyWithResponse(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RecoverWebhookEventsResponse, error)
+
+	// RecoverWebhookEventsWithResponse Deliver again every event since a time
+	//
+	// Queues a new delivery, oldest first, of every event made from `since` until
+	// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+	// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+	// At most 1000 events at once: a longer window is refused (422
+	// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+	// each with its own key. The endpoint must be enabled (409
+	// `webhook-endpoint-disabled`, not stored).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+	RecoverWebhookEventsWithResponse(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, body RecoverWebhookEventsJSONRequestBody, reqEditors ...RequestEditorFn) (*RecoverWebhookEventsResponse, error)
+
+	// ResendWebhookEventWithBodyWithResponse Deliver one event to an endpoint again
+	//
+	// Queues a new delivery of the event to the endpoint, on the published schedule, with
+	// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+	// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+	// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+	// then retry with the same key); an event that does not exist, or was swept after
+	// its 30 days, is 404.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+	ResendWebhookEventWithBodyWithResponse(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResendWebhookEventResponse, error)
+
+	// ResendWebhookEventWithResponse Deliver one event to an endpoint again
+	//
+	// Queues a new delivery of the event to the endpoint, on the published schedule, with
+	// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+	// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+	// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+	// then retry with the same key); an event that does not exist, or was swept after
+	// its 30 days, is 404.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+	ResendWebhookEventWithResponse(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, body ResendWebhookEventJSONRequestBody, reqEditors ...RequestEditorFn) (*ResendWebhookEventResponse, error)
 
 	// RotateWebhookSecretWithResponse Rotate an endpoint's signing secret
 	//
@@ -4639,6 +5394,230 @@ func (r GetWebhookEndpointResponse) ContentType() string {
 	return ""
 }
 
+// UpdateWebhookEndpointResponse200Headers the declared response headers of an HTTP 200 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse200Headers struct {
+	IdempotentReplayed *string
+	XOriginalRequestId *string
+	XRequestId         string
+}
+
+// UpdateWebhookEndpointResponse400Headers the declared response headers of an HTTP 400 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse400Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse401Headers the declared response headers of an HTTP 401 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse401Headers struct {
+	WWWAuthenticate string
+	XRequestId      string
+}
+
+// UpdateWebhookEndpointResponse403Headers the declared response headers of an HTTP 403 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse403Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse404Headers the declared response headers of an HTTP 404 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse404Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse408Headers the declared response headers of an HTTP 408 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse408Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse409Headers the declared response headers of an HTTP 409 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse409Headers struct {
+	RetryAfter int
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse413Headers the declared response headers of an HTTP 413 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse413Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse415Headers the declared response headers of an HTTP 415 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse415Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse422Headers the declared response headers of an HTTP 422 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse422Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse429Headers the declared response headers of an HTTP 429 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse429Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	RetryAfter      int
+	XRequestId      string
+}
+
+// UpdateWebhookEndpointResponse500Headers the declared response headers of an HTTP 500 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse500Headers struct {
+	XRequestId string
+}
+
+// UpdateWebhookEndpointResponse503Headers the declared response headers of an HTTP 503 response for UpdateWebhookEndpoint
+type UpdateWebhookEndpointResponse503Headers struct {
+	RetryAfter int
+	XRequestId string
+}
+
+type UpdateWebhookEndpointResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *WebhookEndpoint
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *InProgress
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *PayloadTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *KeyReused
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *QuotaExceeded
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UpdateWebhookEndpointResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *UpdateWebhookEndpointResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UpdateWebhookEndpointResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *UpdateWebhookEndpointResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UpdateWebhookEndpointResponse404Headers
+	// Headers408 the parsed response headers for an HTTP 408 response
+	Headers408 *UpdateWebhookEndpointResponse408Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *UpdateWebhookEndpointResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateWebhookEndpointResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *UpdateWebhookEndpointResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *UpdateWebhookEndpointResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UpdateWebhookEndpointResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *UpdateWebhookEndpointResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateWebhookEndpointResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateWebhookEndpointResponse) GetJSON200() *WebhookEndpoint {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON409() *InProgress {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON413() *PayloadTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON422() *KeyReused {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON429() *QuotaExceeded {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r UpdateWebhookEndpointResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateWebhookEndpointResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateWebhookEndpointResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateWebhookEndpointResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateWebhookEndpointResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListWebhookDeliveriesResponse200Headers the declared response headers of an HTTP 200 response for ListWebhookDeliveries
 type ListWebhookDeliveriesResponse200Headers struct {
 	XRequestId string
@@ -4784,6 +5763,452 @@ func (r ListWebhookDeliveriesResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListWebhookDeliveriesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RecoverWebhookEventsResponse202Headers the declared response headers of an HTTP 202 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse202Headers struct {
+	IdempotentReplayed *string
+	XOriginalRequestId *string
+	XRequestId         string
+}
+
+// RecoverWebhookEventsResponse400Headers the declared response headers of an HTTP 400 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse400Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse401Headers the declared response headers of an HTTP 401 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse401Headers struct {
+	WWWAuthenticate string
+	XRequestId      string
+}
+
+// RecoverWebhookEventsResponse403Headers the declared response headers of an HTTP 403 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse403Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse404Headers the declared response headers of an HTTP 404 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse404Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse408Headers the declared response headers of an HTTP 408 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse408Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse409Headers the declared response headers of an HTTP 409 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse409Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse413Headers the declared response headers of an HTTP 413 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse413Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse415Headers the declared response headers of an HTTP 415 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse415Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse422Headers the declared response headers of an HTTP 422 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse422Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse429Headers the declared response headers of an HTTP 429 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse429Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	RetryAfter      int
+	XRequestId      string
+}
+
+// RecoverWebhookEventsResponse500Headers the declared response headers of an HTTP 500 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse500Headers struct {
+	XRequestId string
+}
+
+// RecoverWebhookEventsResponse503Headers the declared response headers of an HTTP 503 response for RecoverWebhookEvents
+type RecoverWebhookEventsResponse503Headers struct {
+	RetryAfter int
+	XRequestId string
+}
+
+type RecoverWebhookEventsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *WebhookRedelivery
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *EndpointDisabledOrInProgress
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *PayloadTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *Problem
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *QuotaExceeded
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *RecoverWebhookEventsResponse202Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *RecoverWebhookEventsResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RecoverWebhookEventsResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *RecoverWebhookEventsResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *RecoverWebhookEventsResponse404Headers
+	// Headers408 the parsed response headers for an HTTP 408 response
+	Headers408 *RecoverWebhookEventsResponse408Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *RecoverWebhookEventsResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *RecoverWebhookEventsResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *RecoverWebhookEventsResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *RecoverWebhookEventsResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RecoverWebhookEventsResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *RecoverWebhookEventsResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RecoverWebhookEventsResponse503Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r RecoverWebhookEventsResponse) GetJSON202() *WebhookRedelivery {
+	return r.JSON202
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON409() *EndpointDisabledOrInProgress {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON413() *PayloadTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON422() *Problem {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON429() *QuotaExceeded {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RecoverWebhookEventsResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r RecoverWebhookEventsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RecoverWebhookEventsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RecoverWebhookEventsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RecoverWebhookEventsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ResendWebhookEventResponse202Headers the declared response headers of an HTTP 202 response for ResendWebhookEvent
+type ResendWebhookEventResponse202Headers struct {
+	IdempotentReplayed *string
+	XOriginalRequestId *string
+	XRequestId         string
+}
+
+// ResendWebhookEventResponse400Headers the declared response headers of an HTTP 400 response for ResendWebhookEvent
+type ResendWebhookEventResponse400Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse401Headers the declared response headers of an HTTP 401 response for ResendWebhookEvent
+type ResendWebhookEventResponse401Headers struct {
+	WWWAuthenticate string
+	XRequestId      string
+}
+
+// ResendWebhookEventResponse403Headers the declared response headers of an HTTP 403 response for ResendWebhookEvent
+type ResendWebhookEventResponse403Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse404Headers the declared response headers of an HTTP 404 response for ResendWebhookEvent
+type ResendWebhookEventResponse404Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse408Headers the declared response headers of an HTTP 408 response for ResendWebhookEvent
+type ResendWebhookEventResponse408Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse409Headers the declared response headers of an HTTP 409 response for ResendWebhookEvent
+type ResendWebhookEventResponse409Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse413Headers the declared response headers of an HTTP 413 response for ResendWebhookEvent
+type ResendWebhookEventResponse413Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse415Headers the declared response headers of an HTTP 415 response for ResendWebhookEvent
+type ResendWebhookEventResponse415Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse422Headers the declared response headers of an HTTP 422 response for ResendWebhookEvent
+type ResendWebhookEventResponse422Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse429Headers the declared response headers of an HTTP 429 response for ResendWebhookEvent
+type ResendWebhookEventResponse429Headers struct {
+	RateLimit       *string
+	RateLimitPolicy *string
+	RetryAfter      int
+	XRequestId      string
+}
+
+// ResendWebhookEventResponse500Headers the declared response headers of an HTTP 500 response for ResendWebhookEvent
+type ResendWebhookEventResponse500Headers struct {
+	XRequestId string
+}
+
+// ResendWebhookEventResponse503Headers the declared response headers of an HTTP 503 response for ResendWebhookEvent
+type ResendWebhookEventResponse503Headers struct {
+	RetryAfter int
+	XRequestId string
+}
+
+type ResendWebhookEventResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON202 the response for an HTTP 202 `application/json` response
+	JSON202 *WebhookRedelivery
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *BadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON408 the response for an HTTP 408 `application/problem+json` response
+	ApplicationproblemJSON408 *RequestTimeout
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *EndpointDisabledOrInProgress
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *PayloadTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationproblemJSON422 *KeyReused
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *QuotaExceeded
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// Headers202 the parsed response headers for an HTTP 202 response
+	Headers202 *ResendWebhookEventResponse202Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ResendWebhookEventResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ResendWebhookEventResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ResendWebhookEventResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ResendWebhookEventResponse404Headers
+	// Headers408 the parsed response headers for an HTTP 408 response
+	Headers408 *ResendWebhookEventResponse408Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *ResendWebhookEventResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *ResendWebhookEventResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *ResendWebhookEventResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ResendWebhookEventResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ResendWebhookEventResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ResendWebhookEventResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ResendWebhookEventResponse503Headers
+}
+
+// GetJSON202 returns the response for an HTTP 202 `application/json` response
+func (r ResendWebhookEventResponse) GetJSON202() *WebhookRedelivery {
+	return r.JSON202
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON400() *BadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON408 returns the response for an HTTP 408 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON408() *RequestTimeout {
+	return r.ApplicationproblemJSON408
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON409() *EndpointDisabledOrInProgress {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON413() *PayloadTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON422() *KeyReused {
+	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON429() *QuotaExceeded {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ResendWebhookEventResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ResendWebhookEventResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ResendWebhookEventResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ResendWebhookEventResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ResendWebhookEventResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5172,7 +6597,8 @@ func (c *ClientWithResponses) ListWebhookEndpointsWithResponse(ctx context.Conte
 
 // CreateWebhookEndpointWithBodyWithResponse Register a webhook endpoint
 //
-// Registers a URL that receives every later event of your principal. The response
+// Registers a URL that receives every later event of your principal (or those of the
+// types in `enabled_events`). The response
 // shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 // replay of this request, within the retry window). The service stores no secret: it
 // derives it again when signing, and when replaying.
@@ -5197,7 +6623,8 @@ func (c *ClientWithResponses) CreateWebhookEndpointWithBodyWithResponse(ctx cont
 
 // CreateWebhookEndpointWithResponse Register a webhook endpoint
 //
-// Registers a URL that receives every later event of your principal. The response
+// Registers a URL that receives every later event of your principal (or those of the
+// types in `enabled_events`). The response
 // shows the endpoint's signing `secret`: keep it, it is shown only here (and in a
 // replay of this request, within the retry window). The service stores no secret: it
 // derives it again when signing, and when replaying.
@@ -5249,6 +6676,42 @@ func (c *ClientWithResponses) GetWebhookEndpointWithResponse(ctx context.Context
 	return ParseGetWebhookEndpointResponse(rsp)
 }
 
+// UpdateWebhookEndpointWithBodyWithResponse Enable, disable, or filter a webhook endpoint
+//
+// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+func (c *ClientWithResponses) UpdateWebhookEndpointWithBodyWithResponse(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateWebhookEndpointResponse, error) {
+	rsp, err := c.UpdateWebhookEndpointWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateWebhookEndpointResponse(rsp)
+}
+
+// UpdateWebhookEndpointWithResponse Enable, disable, or filter a webhook endpoint
+//
+// Sets the endpoint's `status` (`enabled` again after it was disabled, for whatever
+// reason, or `disabled`) and/or the `enabled_events` it is sent. Enabling it clears
+// `disabled_reason` and `failing_since`. Events made while it was disabled are not
+// sent by enabling it: recover them (`POST .../recover`). A deleted endpoint is 404.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/webhook_endpoints/{id} (the `UpdateWebhookEndpoint` operationId).
+func (c *ClientWithResponses) UpdateWebhookEndpointWithResponse(ctx context.Context, id ResourceID, params *UpdateWebhookEndpointParams, body UpdateWebhookEndpointJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateWebhookEndpointResponse, error) {
+	rsp, err := c.UpdateWebhookEndpoint(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateWebhookEndpointResponse(rsp)
+}
+
 // ListWebhookDeliveriesWithResponse List an endpoint's delivery attempts
 //
 // Every attempt to deliver an event to the endpoint whose end the service saw, oldest
@@ -5265,6 +6728,88 @@ func (c *ClientWithResponses) ListWebhookDeliveriesWithResponse(ctx context.Cont
 		return nil, err
 	}
 	return ParseListWebhookDeliveriesResponse(rsp)
+}
+
+// RecoverWebhookEventsWithBodyWithResponse Deliver again every event since a time
+//
+// Queues a new delivery, oldest first, of every event made from `since` until
+// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+// At most 1000 events at once: a longer window is refused (422
+// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+// each with its own key. The endpoint must be enabled (409
+// `webhook-endpoint-disabled`, not stored).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+func (c *ClientWithResponses) RecoverWebhookEventsWithBodyWithResponse(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RecoverWebhookEventsResponse, error) {
+	rsp, err := c.RecoverWebhookEventsWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRecoverWebhookEventsResponse(rsp)
+}
+
+// RecoverWebhookEventsWithResponse Deliver again every event since a time
+//
+// Queues a new delivery, oldest first, of every event made from `since` until
+// `until` (now when absent) that the endpoint's `enabled_events` take: what a receiver
+// that was down, or an endpoint that was disabled, missed. Events are kept 30 days.
+// At most 1000 events at once: a longer window is refused (422
+// `too-many-events-to-recover`, nothing queued, not stored); recover it in parts,
+// each with its own key. The endpoint must be enabled (409
+// `webhook-endpoint-disabled`, not stored).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/recover (the `RecoverWebhookEvents` operationId).
+func (c *ClientWithResponses) RecoverWebhookEventsWithResponse(ctx context.Context, id ResourceID, params *RecoverWebhookEventsParams, body RecoverWebhookEventsJSONRequestBody, reqEditors ...RequestEditorFn) (*RecoverWebhookEventsResponse, error) {
+	rsp, err := c.RecoverWebhookEvents(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRecoverWebhookEventsResponse(rsp)
+}
+
+// ResendWebhookEventWithBodyWithResponse Deliver one event to an endpoint again
+//
+// Queues a new delivery of the event to the endpoint, on the published schedule, with
+// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+// then retry with the same key); an event that does not exist, or was swept after
+// its 30 days, is 404.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+func (c *ClientWithResponses) ResendWebhookEventWithBodyWithResponse(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResendWebhookEventResponse, error) {
+	rsp, err := c.ResendWebhookEventWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResendWebhookEventResponse(rsp)
+}
+
+// ResendWebhookEventWithResponse Deliver one event to an endpoint again
+//
+// Queues a new delivery of the event to the endpoint, on the published schedule, with
+// the same `webhook-id` (your receiver applies it once, as ever). The event is sent
+// whatever the endpoint's `enabled_events` say: you asked for it by name. The
+// endpoint must be enabled (409 `webhook-endpoint-disabled`, not stored: enable it,
+// then retry with the same key); an event that does not exist, or was swept after
+// its 30 days, is 404.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/webhook_endpoints/{id}/resend (the `ResendWebhookEvent` operationId).
+func (c *ClientWithResponses) ResendWebhookEventWithResponse(ctx context.Context, id ResourceID, params *ResendWebhookEventParams, body ResendWebhookEventJSONRequestBody, reqEditors ...RequestEditorFn) (*ResendWebhookEventResponse, error) {
+	rsp, err := c.ResendWebhookEvent(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResendWebhookEventResponse(rsp)
 }
 
 // RotateWebhookSecretWithResponse Rotate an endpoint's signing secret
@@ -7850,6 +9395,305 @@ func ParseGetWebhookEndpointResponse(rsp *http.Response) (*GetWebhookEndpointRes
 	return response, nil
 }
 
+// ParseUpdateWebhookEndpointResponse parses an HTTP response from a UpdateWebhookEndpointWithResponse call
+func ParseUpdateWebhookEndpointResponse(rsp *http.Response) (*UpdateWebhookEndpointResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateWebhookEndpointResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest WebhookEndpoint
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest InProgress
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest KeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UpdateWebhookEndpointResponse200Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("X-Original-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Original-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XOriginalRequestId = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers UpdateWebhookEndpointResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers UpdateWebhookEndpointResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers UpdateWebhookEndpointResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers UpdateWebhookEndpointResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 408:
+		var headers UpdateWebhookEndpointResponse408Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers408 = &headers
+	case rsp.StatusCode == 409:
+		var headers UpdateWebhookEndpointResponse409Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateWebhookEndpointResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers UpdateWebhookEndpointResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers UpdateWebhookEndpointResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers UpdateWebhookEndpointResponse429Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers UpdateWebhookEndpointResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateWebhookEndpointResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListWebhookDeliveriesResponse parses an HTTP response from a ListWebhookDeliveriesWithResponse call
 func ParseListWebhookDeliveriesResponse(rsp *http.Response) (*ListWebhookDeliveriesResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -8023,6 +9867,590 @@ func ParseListWebhookDeliveriesResponse(rsp *http.Response) (*ListWebhookDeliver
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListWebhookDeliveriesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRecoverWebhookEventsResponse parses an HTTP response from a RecoverWebhookEventsWithResponse call
+func ParseRecoverWebhookEventsResponse(rsp *http.Response) (*RecoverWebhookEventsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RecoverWebhookEventsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest WebhookRedelivery
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest EndpointDisabledOrInProgress
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 202:
+		var headers RecoverWebhookEventsResponse202Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("X-Original-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Original-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XOriginalRequestId = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 400:
+		var headers RecoverWebhookEventsResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers RecoverWebhookEventsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers RecoverWebhookEventsResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers RecoverWebhookEventsResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 408:
+		var headers RecoverWebhookEventsResponse408Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers408 = &headers
+	case rsp.StatusCode == 409:
+		var headers RecoverWebhookEventsResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers RecoverWebhookEventsResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers RecoverWebhookEventsResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers RecoverWebhookEventsResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers RecoverWebhookEventsResponse429Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers RecoverWebhookEventsResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers RecoverWebhookEventsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseResendWebhookEventResponse parses an HTTP response from a ResendWebhookEventWithResponse call
+func ParseResendWebhookEventResponse(rsp *http.Response) (*ResendWebhookEventResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ResendWebhookEventResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 202:
+		var dest WebhookRedelivery
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON202 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest RequestTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON408 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest EndpointDisabledOrInProgress
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest KeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest QuotaExceeded
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 202:
+		var headers ResendWebhookEventResponse202Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("X-Original-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Original-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XOriginalRequestId = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers202 = &headers
+	case rsp.StatusCode == 400:
+		var headers ResendWebhookEventResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ResendWebhookEventResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ResendWebhookEventResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ResendWebhookEventResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 408:
+		var headers ResendWebhookEventResponse408Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers408 = &headers
+	case rsp.StatusCode == 409:
+		var headers ResendWebhookEventResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers ResendWebhookEventResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers ResendWebhookEventResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers ResendWebhookEventResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ResendWebhookEventResponse429Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ResendWebhookEventResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ResendWebhookEventResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {

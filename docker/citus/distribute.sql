@@ -20,6 +20,7 @@ SELECT create_distributed_table('refunds', 'principal_id', colocate_with => 'pay
 SELECT create_distributed_table('events', 'principal_id', colocate_with => 'payments');
 SELECT create_distributed_table('webhook_endpoints', 'principal_id', colocate_with => 'payments');
 SELECT create_distributed_table('webhook_deliveries', 'principal_id', colocate_with => 'payments');
+SELECT create_distributed_table('webhook_endpoint_leases', 'principal_id', colocate_with => 'payments');
 SELECT create_distributed_table('idempotency_keys', 'principal_id', colocate_with => 'payments');
 SELECT create_distributed_table('idempotency_key_usage', 'principal_id', colocate_with => 'payments');
 

@@ -234,6 +234,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 		Outbox:         outbox.Writer{MaxAttempts: cfg.OutboxMaxAttempts},
 		Keyring:        keyring,
 		URLs:           urls,
+		Webhooks:       Fanout(cfg),
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout,
 		RateLimits:     httpapi.RateLimits{PerPrincipal: cfg.RateLimit, PerClient: cfg.RateLimitUnauthenticated},
@@ -346,7 +347,8 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 		return nil, err
 	}
 	workers := Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: pool, Keyring: keyring, Client: client,
-		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts}, rec)
+		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts,
+		Concurrency: cfg.WebhookEndpointConcurrency, DisableAfter: cfg.WebhookDisableAfter, Livemode: cfg.Livemode()}, rec)
 	return outbox.NewClient(pool, workers, outbox.Config{
 		Periodic:       []*river.PeriodicJob{reconcile.Periodic(cfg.ReconcileInterval)},
 		Workers:        cfg.OutboxWorkers,

@@ -172,6 +172,15 @@ type Config struct {
 	WebhookAllowPrivateURLs bool
 	// WebhookTimeout bounds one delivery attempt (WEBHOOK_TIMEOUT).
 	WebhookTimeout time.Duration
+	// WebhookEndpointConcurrency is the most delivery attempts to one
+	// endpoint that run at once, across every instance
+	// (WEBHOOK_ENDPOINT_CONCURRENCY; 0: no bound): one tenant's slow
+	// receiver holds that many of the webhook workers, not all of them.
+	WebhookEndpointConcurrency int
+	// WebhookDisableAfter disables an endpoint whose every attempt has
+	// failed for this long, and tells its owner with a
+	// webhook_endpoint.disabled event (WEBHOOK_DISABLE_AFTER; 0: never).
+	WebhookDisableAfter time.Duration
 	// WebhookSchedule is when each delivery attempt is made after the
 	// previous failed; its length is the attempts (WEBHOOK_RETRY_SCHEDULE).
 	// The default is the Standard Webhooks specification's example: eight
@@ -187,50 +196,52 @@ type Config struct {
 // Defaults returns the configuration used when no variable is set.
 func Defaults() Config {
 	return Config{
-		Env:                      EnvDevelopment,
-		Addr:                     ":8080",
-		MetricsAddr:              ":9090",
-		DatabaseURL:              "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateDatabaseURL:       "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
-		MaintenanceDatabaseURL:   "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateOnStart:           true,
-		DBMaxConns:               32,
-		DBAcquireTimeout:         2 * time.Second,
-		LockTimeout:              5 * time.Second,
-		DBIdleInTxTimeout:        10 * time.Second,
-		DBCommitTimeout:          3 * time.Second,
-		Processor:                ProcessorHTTP,
-		ProcessorTimeout:         10 * time.Second,
-		Stripe:                   StripeSettings{PaymentMethod: StripeTestPaymentMethod},
-		OutboxWorkers:            400,
-		WebhookWorkers:           200,
-		OutboxDBMaxConns:         16,
-		OutboxJobTimeout:         30 * time.Second,
-		OutboxRescueAfter:        2 * time.Minute,
-		OutboxMaxAttempts:        15,
-		OutboxRetryBase:          time.Second,
-		OutboxRetryMax:           10 * time.Minute,
-		ProcessorKeyWindow:       24 * time.Hour,
-		ReconcileInterval:        time.Minute,
-		ReconcileGrace:           2 * time.Minute,
-		IdempotencyWindow:        24 * time.Hour,
-		IdempotencyMargin:        time.Hour,
-		MaxBodyBytes:             1 << 20,
-		MaxStoredResponseBytes:   64 << 10,
-		KeyQuota:                 1_000_000,
-		RateLimit:                100,
-		RateLimitUnauthenticated: 20,
-		QuotaRefresh:             5 * time.Second,
-		SweepInterval:            time.Minute,
-		SweepChunk:               1000,
-		SweepPause:               50 * time.Millisecond,
-		RequestTimeout:           15 * time.Second,
-		BodyTimeout:              10 * time.Second,
-		ShutdownTimeout:          20 * time.Second,
-		LogLevel:                 slog.LevelInfo,
-		WebhookSigningKey:        DevelopmentWebhookKey,
-		WebhookAllowPrivateURLs:  true, // development: a receiver on this machine
-		WebhookTimeout:           10 * time.Second,
+		Env:                        EnvDevelopment,
+		Addr:                       ":8080",
+		MetricsAddr:                ":9090",
+		DatabaseURL:                "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateDatabaseURL:         "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
+		MaintenanceDatabaseURL:     "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
+		MigrateOnStart:             true,
+		DBMaxConns:                 32,
+		DBAcquireTimeout:           2 * time.Second,
+		LockTimeout:                5 * time.Second,
+		DBIdleInTxTimeout:          10 * time.Second,
+		DBCommitTimeout:            3 * time.Second,
+		Processor:                  ProcessorHTTP,
+		ProcessorTimeout:           10 * time.Second,
+		Stripe:                     StripeSettings{PaymentMethod: StripeTestPaymentMethod},
+		OutboxWorkers:              400,
+		WebhookWorkers:             200,
+		OutboxDBMaxConns:           16,
+		OutboxJobTimeout:           30 * time.Second,
+		OutboxRescueAfter:          2 * time.Minute,
+		OutboxMaxAttempts:          15,
+		OutboxRetryBase:            time.Second,
+		OutboxRetryMax:             10 * time.Minute,
+		ProcessorKeyWindow:         24 * time.Hour,
+		ReconcileInterval:          time.Minute,
+		ReconcileGrace:             2 * time.Minute,
+		IdempotencyWindow:          24 * time.Hour,
+		IdempotencyMargin:          time.Hour,
+		MaxBodyBytes:               1 << 20,
+		MaxStoredResponseBytes:     64 << 10,
+		KeyQuota:                   1_000_000,
+		RateLimit:                  100,
+		RateLimitUnauthenticated:   20,
+		QuotaRefresh:               5 * time.Second,
+		SweepInterval:              time.Minute,
+		SweepChunk:                 1000,
+		SweepPause:                 50 * time.Millisecond,
+		RequestTimeout:             15 * time.Second,
+		BodyTimeout:                10 * time.Second,
+		ShutdownTimeout:            20 * time.Second,
+		LogLevel:                   slog.LevelInfo,
+		WebhookSigningKey:          DevelopmentWebhookKey,
+		WebhookAllowPrivateURLs:    true, // development: a receiver on this machine
+		WebhookTimeout:             10 * time.Second,
+		WebhookEndpointConcurrency: 8,
+		WebhookDisableAfter:        5 * 24 * time.Hour,
 		WebhookSchedule: []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute,
 			2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour},
 	}
@@ -383,6 +394,8 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	boolean("WEBHOOK_ALLOW_PRIVATE_URLS", &c.WebhookAllowPrivateURLs)
 	dur("WEBHOOK_TIMEOUT", &c.WebhookTimeout, 100*time.Millisecond)
+	integer("WEBHOOK_ENDPOINT_CONCURRENCY", 0, 10000, func(n int64) { c.WebhookEndpointConcurrency = int(n) })
+	dur("WEBHOOK_DISABLE_AFTER", &c.WebhookDisableAfter, 0)
 	if v := getenv("WEBHOOK_RETRY_SCHEDULE"); v != "" {
 		var schedule []time.Duration
 		for part := range strings.SplitSeq(v, ",") {
@@ -622,6 +635,8 @@ func (c Config) LogAttrs() []any {
 		slog.String("reconcile_interval", c.ReconcileInterval.String()),
 		slog.Bool("webhook_allow_private_urls", c.WebhookAllowPrivateURLs),
 		slog.String("webhook_timeout", c.WebhookTimeout.String()),
+		slog.Int("webhook_endpoint_concurrency", c.WebhookEndpointConcurrency),
+		slog.String("webhook_disable_after", c.WebhookDisableAfter.String()),
 		slog.String("webhook_retry_schedule", formatSchedule(c.WebhookSchedule)),
 	}
 }

@@ -71,6 +71,8 @@ func Settings() []Setting {
 		{"WEBHOOK_SIGNING_KEY", "", "base64 of at least 32 random bytes; derives every webhook secret; unset: a published development key (production refuses)"},
 		{"WEBHOOK_ALLOW_PRIVATE_URLS", fmt.Sprint(d.WebhookAllowPrivateURLs), "webhook URLs may be http and loopback or private addresses (false with APP_ENV=production, which refuses true)"},
 		{"WEBHOOK_TIMEOUT", duration(d.WebhookTimeout), "bound on one webhook delivery attempt"},
+		{"WEBHOOK_ENDPOINT_CONCURRENCY", fmt.Sprint(d.WebhookEndpointConcurrency), "most delivery attempts to one endpoint at once, across instances (0: no bound)"},
+		{"WEBHOOK_DISABLE_AFTER", duration(d.WebhookDisableAfter), "an endpoint whose every attempt failed this long is disabled, with a webhook_endpoint.disabled event (0: never)"},
 		{"WEBHOOK_RETRY_SCHEDULE", formatSchedule(d.WebhookSchedule), "delay before each delivery attempt; its length is the attempts"},
 		{"SHUTDOWN_TIMEOUT", duration(d.ShutdownTimeout), "bound on graceful shutdown"},
 		{"LOG_LEVEL", strings.ToLower(d.LogLevel.String()), "debug, info, warn or error"},

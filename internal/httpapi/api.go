@@ -40,6 +40,9 @@ type Deps struct {
 	// which URLs an endpoint may have.
 	Keyring webhooks.Keyring
 	URLs    webhooks.URLPolicy
+	// Webhooks queues the deliveries a client asks for again (a resend, a
+	// recover) on the workers' schedule.
+	Webhooks webhooks.Fanout
 	// Livemode marks the payments this service creates: true only when the
 	// processor moves real money, false with the simulator (test mode).
 	Livemode bool
@@ -70,6 +73,7 @@ type api struct {
 	livemode     bool
 	keyring      webhooks.Keyring
 	urls         webhooks.URLPolicy
+	webhooks     webhooks.Fanout
 }
 
 // knownKeys is how many API keys' principals the service remembers
@@ -83,7 +87,7 @@ func New(d Deps) http.Handler {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &api{log: slog.New(withRequestIDs(log.Handler())), pool: d.Pool, idem: d.Idempotency, outbox: d.Outbox, maxBodyBytes: d.MaxBodyBytes, livemode: d.Livemode,
-		keyring: d.Keyring, urls: d.URLs}
+		keyring: d.Keyring, urls: d.URLs, webhooks: d.Webhooks}
 
 	r := chi.NewRouter()
 	r.Use(requestID, traced(d.TracerProvider, d.MeterProvider, d.Propagator), accessLog(a.log), recoverer(a.log), timeout(d.RequestTimeout), headAsGet)

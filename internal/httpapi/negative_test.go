@@ -32,6 +32,9 @@ func TestRequestBodiesAgainstTheSpec(t *testing.T) {
 	k := b.newKey(t, "acme", webhookScopes...)
 	// A payment to refund, for the refused refunds: they never reach it.
 	anyPayment := b.createPayment(t, k.Secret, 1000)
+	// An endpoint to operate on, and an event to send it again.
+	endpoint := b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/")["id"].(string)
+	anEvent := b.listed(t, "/v1/events", k.Secret, 1)["data"].([]any)[0].(map[string]any)["id"]
 
 	tried := 0
 	for _, path := range slices.Sorted(maps.Keys(doc.Paths.Map())) {
@@ -43,6 +46,9 @@ func TestRequestBodiesAgainstTheSpec(t *testing.T) {
 		require.NotNil(t, media, "POST %s: a JSON body", path)
 		schema := media.Schema.Value
 		example := exampleOf(t, media)
+		if _, ok := example["event_id"]; ok {
+			example["event_id"] = anEvent // the spec's example names no event of this test
+		}
 		// A target for each request: refunds need a payment with room for
 		// the largest amount the schema allows.
 		target := func(allowed bool) string {
@@ -50,7 +56,10 @@ func TestRequestBodiesAgainstTheSpec(t *testing.T) {
 				return path
 			}
 			id := anyPayment
-			if allowed {
+			switch {
+			case strings.HasPrefix(path, "/v1/webhook_endpoints/"):
+				id = endpoint
+			case allowed:
 				id = b.createPayment(t, k.Secret, payments.MaxAmount)
 			}
 			return strings.Replace(path, "{id}", id, 1)

@@ -66,6 +66,8 @@ var (
 	ptNotRefundable    = problemType{"payment-not-refundable", "The payment cannot be refunded", http.StatusUnprocessableEntity}
 	ptProcessing       = problemType{"payment-processing", "The payment is still being charged", http.StatusConflict}
 	ptTooManyEndpoints = problemType{"too-many-webhook-endpoints", "Too many webhook endpoints", http.StatusUnprocessableEntity}
+	ptEndpointDisabled = problemType{"webhook-endpoint-disabled", "The webhook endpoint is disabled", http.StatusConflict}
+	ptTooManyEvents    = problemType{"too-many-events-to-recover", "Too many events to recover at once", http.StatusUnprocessableEntity}
 	ptRateLimited      = problemType{"rate-limited", "Too many requests", http.StatusTooManyRequests}
 	ptQuotaExceeded    = problemType{"idempotency-key-quota-exceeded", "Too many live idempotency keys", http.StatusTooManyRequests}
 	ptInternal         = problemType{"internal-error", "Internal server error", http.StatusInternalServerError}
@@ -116,6 +118,10 @@ func problemFor(err error) Problem {
 		return newProblem(ptMediaType, "Send the body as application/json.")
 	case errors.Is(err, idempotency.ErrKeyReused):
 		return newProblem(ptKeyReused, "This Idempotency-Key was already used with a different request body or path. Nothing was executed; use a new key for a new request.")
+	case errors.Is(err, webhooks.ErrDisabled):
+		return newProblem(ptEndpointDisabled, "Nothing is sent to a disabled endpoint. Nothing was queued; enable it (PATCH with {\"status\": \"enabled\"}), then retry with the same Idempotency-Key.")
+	case errors.Is(err, webhooks.ErrTooManyEvents):
+		return newProblem(ptTooManyEvents, fmt.Sprintf("The window holds more than %d events this endpoint takes. Nothing was queued; recover it in parts (set until), each with its own Idempotency-Key.", webhooks.MaxRecoverEvents))
 	case errors.Is(err, refunds.ErrPaymentProcessing):
 		return newProblem(ptProcessing, "The payment's charge is not decided yet (it is processing, or waiting for reconciliation with the processor). Nothing was recorded; retry after the indicated delay with the same Idempotency-Key.").retry(1)
 	case errors.Is(err, errRateLimited):

@@ -84,6 +84,10 @@ type options struct {
 	// processor, when set, wraps the simulator: a test answers some calls
 	// itself, as a real processor might.
 	processor func(sim http.Handler) http.Handler
+	// endpointConcurrency and disableAfter are the Deliverer's
+	// Concurrency and DisableAfter (none unless set).
+	endpointConcurrency int
+	disableAfter        time.Duration
 	// processorTimeout bounds one processor call (5 s unless set).
 	processorTimeout time.Duration
 	// webhookTimeout bounds a delivery attempt, and jobTimeout any job's
@@ -238,7 +242,8 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	whClient := o.urls.Client(o.webhookTimeout, webhookWorkers)
 	whClient.Transport = otelhttp.NewTransport(whClient.Transport, otelhttp.WithTracerProvider(tp))
 	workers := app.Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: pool, Keyring: testKeyring, Client: whClient,
-		Schedule: o.webhookSchedule, AttemptTimeout: o.webhookTimeout, Attempts: attempts}, nil)
+		Schedule: o.webhookSchedule, AttemptTimeout: o.webhookTimeout, Attempts: attempts,
+		Concurrency: o.endpointConcurrency, DisableAfter: o.disableAfter}, nil)
 	jobs, err := outbox.NewClient(pool, workers, outbox.Config{
 		Workers: outboxWorkers, WebhookWorkers: webhookWorkers, JobTimeout: o.jobTimeout, RescueAfter: 3 * o.jobTimeout,
 		MaxAttempts: o.maxAttempts, RetryBase: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
@@ -269,6 +274,7 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 		Outbox:         outbox.Writer{MaxAttempts: o.maxAttempts},
 		Keyring:        testKeyring,
 		URLs:           o.urls,
+		Webhooks:       fanout,
 		TracerProvider: tp,
 		MeterProvider:  mp,
 		Propagator:     propagation.TraceContext{},

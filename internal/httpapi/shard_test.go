@@ -103,7 +103,7 @@ func (s *statementRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceB
 // principal_id (docs/scaling.md); principals and api_keys would be
 // reference tables, River's stay on the coordinator.
 var tenantTables = []string{"payments", "refunds", "events", "webhook_endpoints", "webhook_deliveries",
-	"idempotency_keys", "idempotency_key_usage"}
+	"webhook_endpoint_leases", "idempotency_keys", "idempotency_key_usage"}
 
 var (
 	mentionsTenantTable = regexp.MustCompile(`\b(` + strings.Join(tenantTables, "|") + `)\b`)
@@ -143,6 +143,9 @@ func TestEveryStatementRoutesToOnePartition(t *testing.T) {
 		o.partitioned, o.statements = true, rec
 		o.keyQuota = 1000 // the quota's statements too
 		o.maxStored = 200 // replays re-derive their bodies (Operation.Rederive)
+		// Leases on endpoints, and an endpoint disabled for failing at
+		// its second failed attempt.
+		o.endpointConcurrency, o.disableAfter = 2, time.Microsecond
 	})
 	ctx := context.Background()
 	// Every table with a principal_id is a tenant table here (a table a
@@ -163,17 +166,24 @@ func TestEveryStatementRoutesToOnePartition(t *testing.T) {
 		return decode(t, r.Body)
 	}
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/gone" {
+		switch r.URL.Path {
+		case "/gone":
 			w.WriteHeader(http.StatusGone)
+		case "/failing":
+			w.WriteHeader(http.StatusInternalServerError)
 		}
 	}))
 	t.Cleanup(receiver.Close)
 
 	// Webhook endpoints: one that takes deliveries, one that answers 410
-	// (disabled by its first delivery).
+	// (disabled by its first delivery), one that fails until it is
+	// disabled for it, one that takes no event type of this scenario.
 	ep := ok(b.post(t, "/v1/webhook_endpoints", k.Secret, "ep-1", `{"url":"`+receiver.URL+`/ok"}`), http.StatusCreated)
 	ok(b.post(t, "/v1/webhook_endpoints", k.Secret, "ep-1", `{"url":"`+receiver.URL+`/ok"}`), http.StatusCreated)
 	ok(b.post(t, "/v1/webhook_endpoints", k.Secret, "ep-2", `{"url":"`+receiver.URL+`/gone"}`), http.StatusCreated)
+	ok(b.post(t, "/v1/webhook_endpoints", k.Secret, "ep-3", `{"url":"`+receiver.URL+`/failing"}`), http.StatusCreated)
+	filtered := ok(b.post(t, "/v1/webhook_endpoints", k.Secret, "ep-4",
+		`{"url":"`+receiver.URL+`/ok","enabled_events":["refund.failed"]}`), http.StatusCreated)
 	epID := ep["id"].(string)
 
 	// A payment, its replay, a reused key, and the reads.
@@ -209,8 +219,22 @@ func TestEveryStatementRoutesToOnePartition(t *testing.T) {
 	ok(b.get(t, "/v1/webhook_endpoints/"+epID+"/deliveries?starting_after="+deliveryID, k.Secret), http.StatusOK)
 	require.Equal(t, http.StatusBadRequest, b.get(t, "/v1/webhook_endpoints/"+epID+"/deliveries?starting_after=0192d9a4-0000-7000-8000-000000000001", k.Secret).Status)
 	require.Eventually(t, func() bool {
-		return b.count(t, `SELECT count(*) FROM webhook_endpoints WHERE status = 'disabled'`) == 1
-	}, time.Minute, 20*time.Millisecond, "the endpoint answering 410 was never disabled")
+		return b.count(t, `SELECT count(*) FROM webhook_endpoints WHERE status = 'disabled'`) == 2
+	}, time.Minute, 20*time.Millisecond, "the endpoints answering 410 and 500 were never disabled")
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM events WHERE type = 'webhook_endpoint.disabled'`) == 1
+	}, time.Minute, 20*time.Millisecond)
+	// The filtered endpoint, disabled, enabled, resent and recovered to.
+	filteredID := filtered["id"].(string)
+	ok(b.do(t, call{method: http.MethodPatch, path: "/v1/webhook_endpoints/" + filteredID, secret: k.Secret, key: "patch-1",
+		body: `{"status":"disabled"}`}), http.StatusOK)
+	ok(b.do(t, call{method: http.MethodPatch, path: "/v1/webhook_endpoints/" + filteredID, secret: k.Secret, key: "patch-2",
+		body: `{"status":"enabled","enabled_events":["*"]}`}), http.StatusOK)
+	ok(b.post(t, "/v1/webhook_endpoints/"+filteredID+"/resend", k.Secret, "resend-1", `{"event_id":"`+eventID+`"}`), http.StatusAccepted)
+	ok(b.post(t, "/v1/webhook_endpoints/"+filteredID+"/recover", k.Secret, "recover-1", `{"since":"2026-01-01T00:00:00Z"}`), http.StatusAccepted)
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = '`+filteredID+`'`) >= 4
+	}, time.Minute, 20*time.Millisecond)
 	ok(b.get(t, "/v1/webhook_endpoints", k.Secret), http.StatusOK)
 	ok(b.get(t, "/v1/webhook_endpoints/"+epID, k.Secret), http.StatusOK)
 	ok(b.post(t, "/v1/webhook_endpoints/"+epID+"/rotate_secret", k.Secret, "rot-1", ""), http.StatusOK)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/validation"
 	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
@@ -25,7 +27,10 @@ func (a *api) webhookRoutes() chi.Router {
 	r.Get("/", a.listEndpoints)
 	r.Get("/{id}", a.getEndpoint)
 	r.Delete("/{id}", a.deleteEndpoint)
+	r.Patch("/{id}", a.updateEndpoint)
 	r.Post("/{id}/rotate_secret", a.rotateSecret)
+	r.Post("/{id}/resend", a.resendEvent)
+	r.Post("/{id}/recover", a.recoverEvents)
 	r.Get("/{id}/deliveries", a.listDeliveries)
 	return r
 }
@@ -208,4 +213,130 @@ func (a *api) listDeliveries(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	a.respond(w, r, list, err)
+}
+
+// updateEndpoint enables or disables an endpoint, or changes the events it
+// takes.
+func (a *api) updateEndpoint(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var in webhooks.EndpointUpdate
+	req, err := a.parseIdempotent(w, r, &in)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	a.runIdempotent(w, r, req, idempotency.Operation{
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			e, err := webhooks.Update(ctx, w.Tx, w.Principal, id, in)
+			if err != nil {
+				return idempotency.Outcome{}, err
+			}
+			resp, err := renderJSON(http.StatusOK, e)
+			return idempotency.Outcome{Response: resp, ResourceRef: e.ID.String()}, err
+		},
+		Rederive:    rederive(webhooks.Get),
+		Reauthorize: endpointVisible(id),
+	})
+}
+
+// redelivery is the body of a resend's or a recover's answer: how many
+// deliveries were queued. Each is listed, once attempted, under the
+// endpoint's deliveries.
+type redelivery struct {
+	EndpointID uuid.UUID `json:"endpoint_id"`
+	Queued     int64     `json:"queued"`
+}
+
+func (r redelivery) outcome() (idempotency.Outcome, error) {
+	resp, err := renderJSON(http.StatusAccepted, r)
+	return idempotency.Outcome{Response: resp}, err
+}
+
+// resendRequest names the event to deliver again.
+type resendRequest struct {
+	EventID uuid.UUID `json:"event_id"`
+}
+
+func (r resendRequest) Validate() error {
+	var c validation.Collector
+	if r.EventID == uuid.Nil {
+		c.Add("event_id", "is required")
+	}
+	return c.Err()
+}
+
+// resendEvent delivers one event to an endpoint again.
+func (a *api) resendEvent(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var in resendRequest
+	req, err := a.parseIdempotent(w, r, &in)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	a.runIdempotent(w, r, req, idempotency.Operation{
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			if err := a.webhooks.Redeliver(ctx, w.Tx, w.Principal, id, in.EventID); err != nil {
+				return idempotency.Outcome{}, err
+			}
+			return redelivery{EndpointID: id, Queued: 1}.outcome()
+		},
+		Reauthorize: endpointVisible(id),
+	})
+}
+
+// recoverRequest is the window of events to deliver again: since, until
+// (now when absent).
+type recoverRequest struct {
+	Since *time.Time `json:"since"`
+	Until *time.Time `json:"until"`
+}
+
+func (r recoverRequest) Validate() error {
+	var c validation.Collector
+	if r.Since == nil {
+		c.Add("since", "is required")
+	}
+	if r.Since != nil && r.Until != nil && !r.Until.After(*r.Since) {
+		c.Add("until", "must be after since")
+	}
+	return c.Err()
+}
+
+// recoverEvents delivers again every event of a window that the endpoint
+// takes: what a receiver that was down missed.
+func (a *api) recoverEvents(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var in recoverRequest
+	req, err := a.parseIdempotent(w, r, &in)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	a.runIdempotent(w, r, req, idempotency.Operation{
+		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
+			until := w.Now
+			if in.Until != nil {
+				until = *in.Until
+			}
+			n, err := a.webhooks.Recover(ctx, w.Tx, w.Principal, id, *in.Since, until)
+			if err != nil {
+				return idempotency.Outcome{}, err
+			}
+			return redelivery{EndpointID: id, Queued: n}.outcome()
+		},
+		Reauthorize: endpointVisible(id),
+	})
 }

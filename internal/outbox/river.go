@@ -49,11 +49,28 @@ func QueueEach(ctx context.Context, b *pgx.Batch, kind, queue string, maxAttempt
 	if err != nil {
 		return fmt.Errorf("encode %s job metadata: %w", kind, err)
 	}
-	b.Queue(`
-		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
-		SELECT j.args, '`+kind+`', $1, $2, $3, 'available' FROM (`+query+`) AS j (args)`,
-		append([]any{maxAttempts, meta, queue}, args...)...)
+	b.Queue(insertEachSQL(kind, query), append([]any{maxAttempts, meta, queue}, args...)...)
 	return nil
+}
+
+// InsertEach is QueueEach run at once on db: it returns how many jobs it
+// inserted, for a request that answers with the count.
+func InsertEach(ctx context.Context, db database.DBTX, kind, queue string, maxAttempts int, query string, args ...any) (int64, error) {
+	meta, err := Metadata(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("encode %s job metadata: %w", kind, err)
+	}
+	tag, err := db.Exec(ctx, insertEachSQL(kind, query), append([]any{maxAttempts, meta, queue}, args...)...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func insertEachSQL(kind, query string) string {
+	return `
+		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
+		SELECT j.args, '` + kind + `', $1, $2, $3, 'available' FROM (` + query + `) AS j (args)`
 }
 
 // OldestUnfinished returns how long ago the oldest job of kind that has not

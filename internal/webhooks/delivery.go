@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -40,7 +42,8 @@ const deliveryKind = "deliver_webhook"
 const MaxErrorLength = 500
 
 // Fanout implements events.Fanout: one delivery job per enabled endpoint of
-// the event's principal, inserted by one statement in the event's own
+// the event's principal whose enabled_events take the event's type,
+// inserted by one statement in the event's own
 // transaction. The jobs carry the trace of ctx (the worker that decided
 // the payment, itself in the trace of the request that made it), so one
 // trace shows request, charge, event and delivery.
@@ -55,7 +58,8 @@ func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid
 	return outbox.QueueEach(ctx, b, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
 		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
 		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id AND w.status = 'enabled'
-		WHERE e.principal_id = $4 AND w.principal_id = $4 AND e.id = $5`, principal, eventID)
+		WHERE e.principal_id = $4 AND w.principal_id = $4 AND e.id = $5
+		  AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))`, principal, eventID)
 }
 
 // Outcomes of an attempt, as recorded in webhook_deliveries_total.
@@ -80,7 +84,22 @@ type Deliverer struct {
 	AttemptTimeout time.Duration
 	// Attempts counts attempts by outcome (NewAttemptCounter); nil: none.
 	Attempts metric.Int64Counter
+	// Concurrency is the most attempts to one endpoint that run at once,
+	// across every instance (a lease each, webhook_endpoint_leases); a job
+	// over it waits its turn without spending an attempt. 0: no bound.
+	Concurrency int
+	// DisableAfter disables an endpoint whose every attempt has failed for
+	// this long, and records a webhook_endpoint.disabled event for its
+	// owner. 0: never.
+	DisableAfter time.Duration
+	// Livemode is the service's, for the events it records.
+	Livemode bool
 }
+
+// lease is how long an attempt's lease on its endpoint lasts: longer than
+// the job's timeout, so that it only ends before the attempt does when the
+// worker died.
+func (d *Deliverer) lease() time.Duration { return d.AttemptTimeout + 15*time.Second }
 
 // NextRetry follows the schedule: after attempt n failed, attempt n+1 is
 // made Schedule[n] later.
@@ -102,10 +121,13 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	a := job.Args
 	var ev events.Event
 	var ep Endpoint
-	var found bool
+	var found, leased bool
 	err := database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
 		events.QueueGet(b, a.Principal, a.EventID, &ev)
 		queueGetForDelivery(b, a.Principal, a.EndpointID, &ep, &found)
+		if d.Concurrency > 0 {
+			queueLease(b, a.Principal, a.EndpointID, job.ID, d.lease(), d.Concurrency, &leased)
+		}
 		return nil
 	})
 	if errors.Is(err, events.ErrNotFound) {
@@ -115,7 +137,13 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 		return fmt.Errorf("webhook delivery %d: read event and endpoint: %w", job.ID, err)
 	}
 	if !found || ep.Status != StatusEnabled {
-		return nil // deleted, or disabled by a 410, since the job was queued
+		return nil // deleted or disabled since the job was queued
+	}
+	if d.Concurrency > 0 && !leased {
+		// Concurrency attempts to this endpoint are running: try again
+		// in a while, without spending an attempt. Jittered, so that the
+		// jobs waiting for one slow endpoint do not come back together.
+		return river.JobSnooze(d.AttemptTimeout/10 + rand.N(d.AttemptTimeout/10+1))
 	}
 	body, err := json.Marshal(ev)
 	if err != nil {
@@ -175,8 +203,18 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	}
 	err = database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
 		queueRecord(b, a.Principal, rec)
-		if outcome == OutcomeGone {
+		if d.Concurrency > 0 {
+			b.Queue(releaseSQL, a.Principal, ep.ID, job.ID)
+		}
+		switch outcome {
+		case OutcomeDelivered:
+			b.Queue(deliveredSQL, a.Principal, ep.ID)
+		case OutcomeGone:
 			b.Queue(disableSQL, a.Principal, ep.ID)
+		case OutcomeFailed:
+			if err := d.queueFailed(ctx, b, a.Principal, ep); err != nil {
+				return err
+			}
 		}
 		if outcome != OutcomeFailed {
 			outbox.QueueComplete(b, job.JobRow)
@@ -194,3 +232,65 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	}
 	return nil
 }
+
+// queueFailed adds to b what a failed attempt changes on its endpoint: the
+// run of failures starts now if none had, and an endpoint that has failed
+// for DisableAfter is disabled, with a webhook_endpoint.disabled event for
+// its owner (sent to their other endpoints that take it, and listable).
+// The event is recorded if and only if this attempt disabled the endpoint:
+// its INSERT ... SELECT reads the endpoint only where the UPDATE marked it
+// with the event's id, as a settle's event (events.SettledSQL).
+func (d *Deliverer) queueFailed(ctx context.Context, b *pgx.Batch, principal uuid.UUID, ep Endpoint) error {
+	b.Queue(`UPDATE webhook_endpoints SET failing_since = now()
+		WHERE principal_id = $1 AND id = $2 AND status = 'enabled' AND failing_since IS NULL`, principal, ep.ID)
+	if d.DisableAfter <= 0 {
+		return nil
+	}
+	eventID := uuid.Must(uuid.NewV7())
+	disabled := ep
+	disabled.Status, disabled.DisabledReason = StatusDisabled, ptr(ReasonFailing)
+	data, err := events.Data(disabled)
+	if err != nil {
+		return err
+	}
+	b.Queue(`UPDATE webhook_endpoints SET status = 'disabled', disabled_reason = 'failing', disable_event_id = $3
+		WHERE principal_id = $1 AND id = $2 AND status = 'enabled' AND failing_since <= now() - $4::interval`,
+		principal, ep.ID, eventID, d.DisableAfter)
+	b.Queue(`INSERT INTO events (id, principal_id, type, data, livemode)
+		SELECT $3, principal_id, '`+EventDisabled+`', $4, $5
+		FROM webhook_endpoints WHERE principal_id = $1 AND id = $2 AND disable_event_id = $3`,
+		principal, ep.ID, eventID, data, d.Livemode)
+	return Fanout{Schedule: d.Schedule}.Queue(ctx, b, principal, eventID)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// deliveredSQL ends an endpoint's run of failures.
+const deliveredSQL = `UPDATE webhook_endpoints SET failing_since = NULL
+	WHERE principal_id = $1 AND id = $2 AND failing_since IS NOT NULL`
+
+// queueLease adds to b the statements that take a lease for job on
+// principal's endpoint, if it is enabled and fewer than limit attempts hold
+// one: *leased says whether it was taken. The endpoint's advisory lock,
+// held to the end of the transaction, orders concurrent takers, so that two
+// cannot both take the last one; leases whose worker died are dropped
+// first. A job's second take (its retry) renews its own lease.
+func queueLease(b *pgx.Batch, principal, endpoint uuid.UUID, job int64, lease time.Duration, limit int, leased *bool) {
+	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('webhook_endpoint_leases:' || $1::text, 0))`, endpoint)
+	b.Queue(`DELETE FROM webhook_endpoint_leases WHERE principal_id = $1 AND endpoint_id = $2 AND expires_at < now()`, principal, endpoint)
+	b.Queue(`
+		INSERT INTO webhook_endpoint_leases (principal_id, endpoint_id, job_id, expires_at)
+		SELECT w.principal_id, w.id, $3, now() + $4::interval
+		FROM webhook_endpoints w
+		WHERE w.principal_id = $1 AND w.id = $2 AND w.status = 'enabled'
+		  AND (SELECT count(*) FROM webhook_endpoint_leases l
+		       WHERE l.principal_id = $1 AND l.endpoint_id = $2 AND l.job_id <> $3) < $5
+		ON CONFLICT (principal_id, endpoint_id, job_id) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
+		principal, endpoint, job, lease, limit).Exec(func(tag pgconn.CommandTag) error {
+		*leased = tag.RowsAffected() == 1
+		return nil
+	})
+}
+
+// releaseSQL ends an attempt's lease.
+const releaseSQL = `DELETE FROM webhook_endpoint_leases WHERE principal_id = $1 AND endpoint_id = $2 AND job_id = $3`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -13,7 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/keyset"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
@@ -24,15 +27,44 @@ const (
 	MaxEndpoints = 16
 	// MaxDescriptionLength bounds an endpoint's description.
 	MaxDescriptionLength = 1000
+	// MaxRecoverEvents is the most events one recover queues again: a
+	// longer window is refused, and recovered in parts.
+	MaxRecoverEvents = 1000
 )
 
-// An endpoint's statuses. A disabled endpoint (its receiver answered 410
-// Gone) and a deleted one get no deliveries.
+// An endpoint's statuses. A disabled endpoint and a deleted one get no
+// deliveries; a disabled one can be enabled again (Update).
 const (
 	StatusEnabled  = "enabled"
 	StatusDisabled = "disabled"
 	StatusDeleted  = "deleted"
 )
+
+// Why an endpoint is disabled (Endpoint.DisabledReason).
+const (
+	// ReasonReceiverGone: its receiver answered 410 Gone.
+	ReasonReceiverGone = "receiver_gone"
+	// ReasonFailing: every attempt failed for the Deliverer's DisableAfter;
+	// a webhook_endpoint.disabled event says so.
+	ReasonFailing = "failing"
+	// ReasonRequested: its owner disabled it (Update).
+	ReasonRequested = "requested"
+)
+
+// AllEvents in an endpoint's EnabledEvents sends it every type, including
+// types added later.
+const AllEvents = "*"
+
+// EventDisabled is the type of the event that says an endpoint was disabled
+// because it kept failing.
+const EventDisabled = "webhook_endpoint.disabled"
+
+// EventTypes are the event types an endpoint may name in EnabledEvents.
+var EventTypes = []string{
+	"payment.succeeded", "payment.failed", "payment.requires_reconciliation",
+	"refund.succeeded", "refund.failed", "refund.requires_reconciliation",
+	EventDisabled,
+}
 
 var (
 	// ErrNotFound means no endpoint with that id is visible to the
@@ -41,6 +73,11 @@ var (
 	// ErrTooManyEndpoints means the principal has MaxEndpoints already.
 	// Nothing was recorded.
 	ErrTooManyEndpoints = fmt.Errorf("at most %d webhook endpoints per account", MaxEndpoints)
+	// ErrDisabled means the endpoint is disabled: nothing is sent to it.
+	ErrDisabled = errors.New("webhook endpoint is disabled")
+	// ErrTooManyEvents means a recover's window holds more than
+	// MaxRecoverEvents events. Nothing was queued.
+	ErrTooManyEvents = fmt.Errorf("more than %d events to recover", MaxRecoverEvents)
 )
 
 // Endpoint is a registered webhook endpoint as clients see it.
@@ -49,6 +86,15 @@ type Endpoint struct {
 	URL         string    `json:"url"`
 	Description *string   `json:"description"`
 	Status      string    `json:"status"`
+	// EnabledEvents are the event types the endpoint is sent: ["*"] for
+	// every type.
+	EnabledEvents []string `json:"enabled_events"`
+	// DisabledReason says why a disabled endpoint is (Reason*); null
+	// otherwise.
+	DisabledReason *string `json:"disabled_reason"`
+	// FailingSince is when the endpoint's current run of failed attempts
+	// began; null after a delivered one.
+	FailingSince *time.Time `json:"failing_since"`
 	// Secret is shown only in the response that makes it: the creation,
 	// or a rotation (and their idempotent replays).
 	Secret string `json:"secret,omitempty"`
@@ -85,6 +131,32 @@ func (e Endpoint) WithSecret(k Keyring, version int) Endpoint {
 type NewEndpoint struct {
 	URL         string  `json:"url"`
 	Description *string `json:"description"`
+	// EnabledEvents defaults to ["*"].
+	EnabledEvents []string `json:"enabled_events"`
+}
+
+// validateEnabledEvents checks a list of event types: known types, once
+// each, or "*" alone.
+func validateEnabledEvents(c *validation.Collector, events []string) {
+	if len(events) == 0 {
+		c.Add("enabled_events", `must name at least one event type, or "*"`)
+		return
+	}
+	seen := map[string]bool{}
+	for _, e := range events {
+		switch {
+		case e == AllEvents && len(events) > 1:
+			c.Add("enabled_events", `"*" stands alone: it is every type`)
+			return
+		case e != AllEvents && !slices.Contains(EventTypes, e):
+			c.Add("enabled_events", fmt.Sprintf("%q is not an event type; the types: %s", database.StorableText(e, 64), strings.Join(EventTypes, ", ")))
+			return
+		case seen[e]:
+			c.Add("enabled_events", fmt.Sprintf("names %q twice", e))
+			return
+		}
+		seen[e] = true
+	}
 }
 
 // Validate checks what can be checked without the network; URLPolicy.Check
@@ -105,14 +177,40 @@ func (n NewEndpoint) Validate() error {
 			c.Add("description", "must not contain the character U+0000")
 		}
 	}
+	if n.EnabledEvents != nil {
+		validateEnabledEvents(&c, n.EnabledEvents)
+	}
 	return c.Err()
 }
 
-const columns = `id, url, description, status, secret_version, previous_secret_expires_at, created_at`
+// EndpointUpdate is a change to an endpoint: each field that is set.
+type EndpointUpdate struct {
+	// Status enables a disabled endpoint again, or disables an enabled one.
+	Status        *string  `json:"status"`
+	EnabledEvents []string `json:"enabled_events"`
+}
+
+// Validate checks the change.
+func (u EndpointUpdate) Validate() error {
+	var c validation.Collector
+	if u.Status == nil && u.EnabledEvents == nil {
+		c.Add("status", "set status or enabled_events: there is nothing else to change")
+	}
+	if u.Status != nil && *u.Status != StatusEnabled && *u.Status != StatusDisabled {
+		c.Add("status", "must be enabled or disabled")
+	}
+	if u.EnabledEvents != nil {
+		validateEnabledEvents(&c, u.EnabledEvents)
+	}
+	return c.Err()
+}
+
+const columns = `id, url, description, status, enabled_events, disabled_reason, failing_since, secret_version, previous_secret_expires_at, created_at`
 
 func scan(row pgx.Row) (Endpoint, error) {
 	var e Endpoint
-	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Status, &e.secretVersion, &e.PreviousSecretExpiresAt, &e.CreatedAt)
+	err := row.Scan(&e.ID, &e.URL, &e.Description, &e.Status, &e.EnabledEvents, &e.DisabledReason, &e.FailingSince,
+		&e.secretVersion, &e.PreviousSecretExpiresAt, &e.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, ErrNotFound
 	}
@@ -131,14 +229,18 @@ func Create(ctx context.Context, tx pgx.Tx, k Keyring, principal uuid.UUID, n Ne
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('webhook_endpoints:' || $1::text, 0))`, principal); err != nil {
 		return Endpoint{}, fmt.Errorf("lock webhook endpoints: %w", err)
 	}
-	e := Endpoint{ID: uuid.Must(uuid.NewV7()), URL: n.URL, Description: n.Description, Status: StatusEnabled, CreatedAt: now, secretVersion: 1}
+	e := Endpoint{ID: uuid.Must(uuid.NewV7()), URL: n.URL, Description: n.Description, Status: StatusEnabled,
+		EnabledEvents: n.EnabledEvents, CreatedAt: now, secretVersion: 1}
+	if e.EnabledEvents == nil {
+		e.EnabledEvents = []string{AllEvents}
+	}
 	// A statement of its own after the lock: its snapshot sees every
 	// endpoint committed before the lock was granted.
 	tag, err := tx.Exec(ctx, `
-		INSERT INTO webhook_endpoints (id, principal_id, url, description, status, created_at)
-		SELECT $1, $2, $3, $4, $5, $6
+		INSERT INTO webhook_endpoints (id, principal_id, url, description, status, enabled_events, created_at)
+		SELECT $1, $2, $3, $4, $5, $8, $6
 		WHERE (SELECT count(*) FROM webhook_endpoints WHERE principal_id = $2 AND status <> 'deleted') < $7`,
-		e.ID, principal, e.URL, e.Description, e.Status, e.CreatedAt, MaxEndpoints)
+		e.ID, principal, e.URL, e.Description, e.Status, e.CreatedAt, MaxEndpoints, e.EnabledEvents)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("create webhook endpoint: %w", err)
 	}
@@ -194,8 +296,96 @@ func RotateSecret(ctx context.Context, tx pgx.Tx, k Keyring, principal, id uuid.
 	return e.WithSecret(k, e.secretVersion), nil
 }
 
+// Update changes the endpoint as u says and returns it. Enabling it clears
+// its reason and its run of failures: the owner says the receiver is
+// mended, and a new run is counted from the next failed attempt. It returns
+// ErrNotFound for a deleted endpoint.
+func Update(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID, u EndpointUpdate) (Endpoint, error) {
+	return scan(tx.QueryRow(ctx, `
+		UPDATE webhook_endpoints SET
+			enabled_events = coalesce($3, enabled_events),
+			status = coalesce($4, status),
+			disabled_reason = CASE WHEN $4 IS NULL OR $4 = status THEN disabled_reason
+			                       WHEN $4 = 'disabled' THEN 'requested' END,
+			failing_since = CASE WHEN $4 = 'enabled' AND status = 'disabled' THEN NULL ELSE failing_since END
+		WHERE principal_id = $1 AND id = $2 AND status <> 'deleted'
+		RETURNING `+columns, principal, id, u.EnabledEvents, u.Status))
+}
+
+// Redeliver queues the delivery of principal's event eventID to endpoint
+// id again, whatever the endpoint's enabled_events say (it was asked for by
+// name). It returns ErrNotFound, ErrDisabled, or events.ErrNotFound for an
+// event that does not exist (or was swept after its retention).
+func (f Fanout) Redeliver(ctx context.Context, tx pgx.Tx, principal, id, eventID uuid.UUID) error {
+	if err := enabled(ctx, tx, principal, id); err != nil {
+		return err
+	}
+	n, err := outbox.InsertEach(ctx, tx, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
+		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', $5::uuid, 'principal_id', e.principal_id)
+		FROM events e WHERE e.principal_id = $4 AND e.id = $6`, principal, id, eventID)
+	if err != nil {
+		return fmt.Errorf("redeliver event: %w", err)
+	}
+	if n == 0 {
+		return events.ErrNotFound
+	}
+	return nil
+}
+
+// Recover queues again the delivery to endpoint id of every event of
+// principal's made in [since, until) that its enabled_events take, oldest
+// first, and returns how many. A window of more than MaxRecoverEvents events
+// is refused with ErrTooManyEvents, and nothing is queued: recover it in
+// parts.
+func (f Fanout) Recover(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID, since, until time.Time) (int64, error) {
+	if err := enabled(ctx, tx, principal, id); err != nil {
+		return 0, err
+	}
+	// The window, counted with a bound: one statement walks at most
+	// MaxRecoverEvents + 1 events (the (principal_id, created_at) index).
+	var n int64
+	err := tx.QueryRow(ctx, `
+		SELECT count(*) FROM (
+			SELECT FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id
+			WHERE e.principal_id = $1 AND w.principal_id = $1 AND w.id = $2
+			  AND e.created_at >= $3 AND e.created_at < $4
+			  AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))
+			LIMIT $5) AS taken`, principal, id, since, until, MaxRecoverEvents+1).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count events to recover: %w", err)
+	}
+	if n > MaxRecoverEvents {
+		return 0, ErrTooManyEvents
+	}
+	n, err = outbox.InsertEach(ctx, tx, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
+		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
+		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id
+		WHERE e.principal_id = $4 AND w.principal_id = $4 AND w.id = $5
+		  AND e.created_at >= $6 AND e.created_at < $7
+		  AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))
+		ORDER BY e.created_at, e.id`, principal, id, since, until)
+	if err != nil {
+		return 0, fmt.Errorf("recover events: %w", err)
+	}
+	return n, nil
+}
+
+// enabled checks that principal's endpoint id exists and is enabled.
+func enabled(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID) error {
+	e, err := Get(ctx, tx, principal, id)
+	switch {
+	case err != nil:
+		return err
+	case e.Status == StatusDeleted:
+		return ErrNotFound
+	case e.Status != StatusEnabled:
+		return ErrDisabled
+	}
+	return nil
+}
+
 // disableSQL stops deliveries to an endpoint whose receiver answered 410.
-const disableSQL = `UPDATE webhook_endpoints SET status = 'disabled' WHERE principal_id = $1 AND id = $2 AND status = 'enabled'`
+const disableSQL = `UPDATE webhook_endpoints SET status = 'disabled', disabled_reason = 'receiver_gone' WHERE principal_id = $1 AND id = $2 AND status = 'enabled'`
 
 // queueGetForDelivery reads endpoint id for a delivery into *e; *found says
 // whether it exists.

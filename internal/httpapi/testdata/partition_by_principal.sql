@@ -8,7 +8,8 @@
 DO $$
 DECLARE
     tenant_tables text[] := ARRAY['payments', 'refunds', 'events', 'webhook_endpoints',
-                                  'webhook_deliveries', 'idempotency_keys', 'idempotency_key_usage'];
+                                  'webhook_deliveries', 'webhook_endpoint_leases',
+                                  'idempotency_keys', 'idempotency_key_usage'];
     partitions int := 8;
     t text;
     old text;
