@@ -34,6 +34,7 @@ func TestSmoke(t *testing.T) {
 	cfg, err := parseFlags([]string{
 		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-repeats", "2", "-compare-duration", "1s", "-concurrency", strconv.Itoa(concurrency), "-principals", "3",
 		"-db-max-conns", strconv.Itoa(apiConns), "-outbox-db-max-conns", strconv.Itoa(outboxConns), "-processor-latency", "20ms,60ms", "-database-url", db.AdminURL, "-out", out, "-take-over",
+		"-webhook-latency", "20ms",
 	})
 	require.NoError(t, err)
 	// The API's own log explains a failed stage; the output directory is
@@ -82,6 +83,9 @@ func TestSmoke(t *testing.T) {
 		require.Positive(t, s.AllocsPerRequest)
 		require.Positive(t, s.ReplayCPUPerRequestMs)
 		require.Positive(t, s.ReplayAllocsPerRequest)
+		require.Positive(t, s.Deliveries, "every principal's endpoint got its payments' events")
+		require.Zero(t, s.DeliveriesLeft)
+		require.GreaterOrEqual(t, s.DeliveryLagP50, 0.020, "a delivery waits at least the receiver's latency")
 	}
 	require.NotNil(t, res.CPUProfile, "notes: %v", res.Notes)
 	require.Positive(t, res.CPUProfile.CPUSeconds)
@@ -115,6 +119,9 @@ func TestSmoke(t *testing.T) {
 		"updates", "hot_updates", "hot_ratio", "wal_bytes_per_request", "replay_wal_bytes_per_request", "replay_only_rps", "replay_only_p99_ms", "replay_to_new_rps", "replay_to_new_p99"} {
 		require.Contains(t, stage, k)
 	}
+	report, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(report), "With deliveries running")
 	for _, f := range []string{"report.md", "latency.png", "outbox.png"} {
 		info, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)

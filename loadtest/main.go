@@ -87,13 +87,15 @@ type config struct {
 	profile        bool   // capture the started API's CPU profile in the first stage
 	// The started API's processor: median and p99 latency (p99 0: fixed).
 	processorLatency, processorLatencyP99 time.Duration
-	drain                                 time.Duration // longest wait for the outbox to empty after a run
-	outboxWorkers                         int           // the started API's OUTBOX_WORKERS
-	outboxConns                           int           // the started API's OUTBOX_DB_MAX_CONNS
-	walCompression                        []string      // per stage, cycling: the server's wal_compression ("" leaves it)
-	repeats                               int           // interleaved rounds of the design comparisons
-	compareDuration                       time.Duration // each design's run in a round
-	keyShape                              string        // the driver's new keys: keyShapeRandom or keyShapeTimeOrdered
+	// webhookLatency is the receiver's answer time; 0: no endpoints.
+	webhookLatency  time.Duration
+	drain           time.Duration // longest wait for the outbox to empty after a run
+	outboxWorkers   int           // the started API's OUTBOX_WORKERS
+	outboxConns     int           // the started API's OUTBOX_DB_MAX_CONNS
+	walCompression  []string      // per stage, cycling: the server's wal_compression ("" leaves it)
+	repeats         int           // interleaved rounds of the design comparisons
+	compareDuration time.Duration // each design's run in a round
+	keyShape        string        // the driver's new keys: keyShapeRandom or keyShapeTimeOrdered
 	// The curve (curve.go): the key shapes measured one after the other,
 	// the measured windows per size, PostgreSQL's memory limit (0: the
 	// server at -database-url as it is), and the payment rate whose steady
@@ -149,6 +151,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.metricsAddr, "metrics-addr", "off", "metrics and pprof listener of the API it starts, e.g. 127.0.0.1:6060 (with -profile, a free loopback port when off)")
 	fs.BoolVar(&c.profile, "profile", true, "capture the API's CPU profile during the first stage (cpu.pprof; where the CPU goes in report.md)")
 	latency := fs.String("processor-latency", "300ms", "the started API's processor latency: `MEDIAN[,P99]` (log-normal with that tail), e.g. 300ms or 300ms,800ms; 0 answers at once")
+	fs.DurationVar(&c.webhookLatency, "webhook-latency", 300*time.Millisecond, "one webhook endpoint per principal, at a loopback receiver that answers after this (the payments' events are delivered during the run); 0: no endpoints")
 	fs.IntVar(&c.outboxWorkers, "outbox-workers", 400, "OUTBOX_WORKERS of the API it starts (the service's default)")
 	fs.IntVar(&c.outboxConns, "outbox-db-max-conns", 16, "OUTBOX_DB_MAX_CONNS of the API it starts (the service's default)")
 	walCompression := fs.String("wal-compression", "", "set the server's wal_compression per stage, cycling through the list (e.g. off,lz4 with -sizes 10000000,10000000,10000000,10000000), with ALTER SYSTEM and a reload, reset at the end; empty leaves the server alone")

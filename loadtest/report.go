@@ -265,6 +265,13 @@ func report(res *Results) string {
 		fmt.Fprintf(&b, "| %s | %.0f | %.0f | **%.2f** | %.2f s | **%.2f s** | %d | %d | %.1f s | %d | %s |\n", humanCount(s.TableRows), s.RPS, s.OutboxCompletedPerSec, s.ChargedToAccepted,
 			s.ChargeLagP50, s.ChargeLagP99, s.PeakBacklog, s.OutboxBacklog, s.OutboxDrainSeconds, s.ChargesLeft, behind)
 	}
+	if lat := res.Settings["webhook_latency"]; lat != "" && lat != "0s" {
+		fmt.Fprintf(&b, "\nWith deliveries running: every principal has a webhook endpoint for its payments' outcomes, at a loopback receiver that answers after %s, so each charge's event is delivered during the run, by the webhook workers, in their own queue (docs/webhooks.md). Delivery lag: the event's commit to the delivery's record.\n\n", lat)
+		b.WriteString("| rows measured at | deliveries | delivery lag p50 | p99 | not delivered after the drain |\n|---:|---:|---:|---:|---:|\n")
+		for _, s := range res.Stages {
+			fmt.Fprintf(&b, "| %s | %d | %.2f s | %.2f s | %d |\n", humanCount(s.TableRows), s.Deliveries, s.DeliveryLagP50, s.DeliveryLagP99, s.DeliveriesLeft)
+		}
+	}
 	fmt.Fprintf(&b, "\nEach stage's backlog is drained (for at most %s; what is left is counted, and its charges are missing from the lag) before its replays-alone run, so every measured run starts with the outbox empty. The job insert's cost to the database is the pgbench pair above; `go test -bench Outbox ./internal/payments` measures it for the payment write alone (docs/external-effects.md).\n", orDefault(res.Settings["drain"], "5m"))
 	if p := res.CPUProfile; p != nil {
 		fmt.Fprintf(&b, "\n## Where the API's CPU goes\n\nA %.0f s CPU profile of the API during the first stage's measured run (cpu.pprof): %.1f s of CPU, **%.2f ms of CPU per request**.\n\n", p.Seconds, p.CPUSeconds, p.CPUPerRequestMs)
@@ -422,7 +429,7 @@ func (c config) describe() map[string]string {
 		"concurrency": strconv.Itoa(c.concurrency), "principals": strconv.Itoa(c.principals),
 		"replay_fraction":   strconv.FormatFloat(c.replayFraction, 'f', -1, 64),
 		"processor_latency": c.processorLatency.String(), "drain": c.drain.String(), "outbox_workers": strconv.Itoa(c.outboxWorkers),
-		"key_shape": c.keyShape,
+		"key_shape": c.keyShape, "webhook_latency": c.webhookLatency.String(),
 	}
 	if c.rate > 0 {
 		m["rate"] = strconv.FormatFloat(c.rate, 'f', -1, 64)

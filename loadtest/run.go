@@ -62,6 +62,13 @@ type Stage struct {
 	OutboxBacklog      int64   `json:"outbox_backlog"`
 	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
 	ChargesLeft        int64   `json:"charges_left"`
+	// The webhook deliveries of the run's events (-webhook-latency, one
+	// endpoint per principal): how many, how many were not done after the
+	// drain, and their lag (event committed -> delivery recorded).
+	Deliveries     int64   `json:"deliveries,omitempty"`
+	DeliveriesLeft int64   `json:"deliveries_left,omitempty"`
+	DeliveryLagP50 float64 `json:"delivery_lag_p50_s,omitempty"`
+	DeliveryLagP99 float64 `json:"delivery_lag_p99_s,omitempty"`
 	// Updates of idempotency_keys during the measured run (the completions),
 	// and how many of them were HOT: no index touched, the new version on
 	// the same page.
@@ -178,7 +185,8 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	defer admin.Close()
 	// Stages must start from the sizes they claim: the load test owns this
 	// database and empties it first.
-	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage, river_job`); err != nil {
+	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage, river_job,
+		events, webhook_deliveries, webhook_endpoint_leases, webhook_endpoints`); err != nil {
 		return nil, fmt.Errorf("empty the tables: %w", err)
 	}
 	if err := describeDatabase(ctx, admin, res); err != nil {
@@ -205,6 +213,16 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		}
 		defer stop()
 		apiURL = u
+	}
+	if cfg.webhookLatency > 0 {
+		rc, err := startReceiver(cfg.webhookLatency)
+		if err != nil {
+			return nil, err
+		}
+		defer rc.close()
+		if err := registerEndpoints(ctx, apiURL, rc.url, clients); err != nil {
+			return nil, err
+		}
 	}
 	load := newLoader(admin, clients, cfg.responseBytes)
 	driver := newDriver(apiURL, cfg, clients)
@@ -352,6 +370,11 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if err := chargeFigures(ctx, admin, &st, runFrom, runTo, drained); err != nil {
 			return nil, err
 		}
+		if cfg.webhookLatency > 0 {
+			if err := deliveryFigures(ctx, admin, &st, runFrom, drained); err != nil {
+				return nil, err
+			}
+		}
 		if walBefore, err = walPosition(ctx, admin); err != nil {
 			return nil, err
 		}
@@ -382,6 +405,10 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			label, humanCount(st.TableRows), st.RPS, st.RequestP99, st.ClaimP99, 100*st.HotRatio, st.ReplayOnlyRPS, st.ReplayOnlyP99, errorsString(st.Errors))
 		fmt.Fprintf(progress, "%s: outbox charged %.0f/s (charged/accepted %.2f), charge lag p50 %.2f s p99 %.2f s, peak backlog %d, %d left after the drain\n",
 			label, st.OutboxCompletedPerSec, st.ChargedToAccepted, st.ChargeLagP50, st.ChargeLagP99, st.PeakBacklog, st.ChargesLeft)
+		if cfg.webhookLatency > 0 {
+			fmt.Fprintf(progress, "%s: webhooks delivered %d, lag p50 %.2f s p99 %.2f s, %d left after the drain\n",
+				label, st.Deliveries-st.DeliveriesLeft, st.DeliveryLagP50, st.DeliveryLagP99, st.DeliveriesLeft)
+		}
 
 		if i > 0 {
 			continue
@@ -498,7 +525,7 @@ func createClients(ctx context.Context, admin *pgxpool.Pool, n int) ([]client, e
 	for i := range n {
 		var k auth.NewKey
 		err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) (err error) {
-			k, err = auth.CreateKey(ctx, tx, fmt.Sprintf("loadtest-%03d", i), []string{auth.ScopePaymentsWrite})
+			k, err = auth.CreateKey(ctx, tx, fmt.Sprintf("loadtest-%03d", i), []string{auth.ScopePaymentsWrite, auth.ScopeWebhooksWrite})
 			return err
 		})
 		if err != nil {
