@@ -185,7 +185,14 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if urls.AllowPrivate {
 		log.Warn("WEBHOOK_ALLOW_PRIVATE_URLS is on (the development default): webhook endpoints may be http and point at loopback and private addresses")
 	}
-	jobs, err := newOutbox(cfg, outboxPool, proc, keyring, urls, log, tel)
+	// The deliveries' own pool, smaller: they are not money, and must not
+	// take the connections the charges wait for.
+	webhookPool, err := database.Open(ctx, cfg.DatabaseURL, database.PoolConfig{MaxConns: cfg.WebhookDBMaxConns, AcquireTimeout: cfg.OutboxJobTimeout, Tracer: sqlTracer, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
+	if err != nil {
+		return err
+	}
+	defer webhookPool.Close()
+	jobs, err := newOutbox(cfg, outboxPool, webhookPool, proc, keyring, urls, log, tel)
 	if err != nil {
 		return err
 	}
@@ -333,7 +340,7 @@ func newProcessor(ctx context.Context, cfg config.Config, log *slog.Logger, tp t
 
 // newOutbox returns the River client that inserts and works the processor
 // jobs of payments and refunds, and the webhook deliveries of their events.
-func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor, keyring webhooks.Keyring, urls webhooks.URLPolicy, log *slog.Logger, tel *telemetry.Telemetry) (*outbox.Client, error) {
+func newOutbox(cfg config.Config, pool, webhookPool *database.Pool, proc processor.Processor, keyring webhooks.Keyring, urls webhooks.URLPolicy, log *slog.Logger, tel *telemetry.Telemetry) (*outbox.Client, error) {
 	attempts, err := webhooks.NewAttemptCounter(tel.MeterProvider)
 	if err != nil {
 		return nil, err
@@ -346,7 +353,7 @@ func newOutbox(cfg config.Config, pool *database.Pool, proc processor.Processor,
 	if rec.Errors, err = reconcile.NewErrorCounter(tel.MeterProvider); err != nil {
 		return nil, err
 	}
-	workers := Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: pool, Keyring: keyring, Client: client,
+	workers := Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: webhookPool, Keyring: keyring, Client: client,
 		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts,
 		Concurrency: cfg.WebhookEndpointConcurrency, DisableAfter: cfg.WebhookDisableAfter, Livemode: cfg.Livemode()}, rec)
 	return outbox.NewClient(pool, workers, outbox.Config{

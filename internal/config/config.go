@@ -98,6 +98,11 @@ type Config struct {
 	// connection. A worker holds one only for its two short transactions,
 	// never during the processor call, so it is sized by transaction time.
 	OutboxDBMaxConns int32
+	// WebhookDBMaxConns is the webhook deliveries' own pool
+	// (WEBHOOK_DB_MAX_CONNS), apart from the charges': deliveries are
+	// never money, so however many run they never take a connection a
+	// charge is waiting for, and their share of the database is bounded.
+	WebhookDBMaxConns int32
 	// OutboxJobTimeout bounds one attempt of a job; OutboxRescueAfter (longer)
 	// is when the job of a worker that died runs again (OUTBOX_JOB_TIMEOUT,
 	// OUTBOX_RESCUE_AFTER).
@@ -214,6 +219,7 @@ func Defaults() Config {
 		OutboxWorkers:              400,
 		WebhookWorkers:             200,
 		OutboxDBMaxConns:           16,
+		WebhookDBMaxConns:          4,
 		OutboxJobTimeout:           30 * time.Second,
 		OutboxRescueAfter:          2 * time.Minute,
 		OutboxMaxAttempts:          15,
@@ -358,6 +364,7 @@ func Load(getenv func(string) string) (Config, error) {
 	integer("OUTBOX_WORKERS", 0, 10000, func(n int64) { c.OutboxWorkers = int(n) })
 	integer("WEBHOOK_WORKERS", 0, 10000, func(n int64) { c.WebhookWorkers = int(n) })
 	integer("OUTBOX_DB_MAX_CONNS", 1, 1000, func(n int64) { c.OutboxDBMaxConns = int32(n) })
+	integer("WEBHOOK_DB_MAX_CONNS", 1, 1000, func(n int64) { c.WebhookDBMaxConns = int32(n) })
 	dur("OUTBOX_JOB_TIMEOUT", &c.OutboxJobTimeout, time.Second)
 	dur("OUTBOX_RESCUE_AFTER", &c.OutboxRescueAfter, time.Second)
 	integer("OUTBOX_MAX_ATTEMPTS", 1, 100, func(n int64) { c.OutboxMaxAttempts = int(n) })
@@ -630,6 +637,7 @@ func (c Config) LogAttrs() []any {
 		slog.Int("outbox_workers", c.OutboxWorkers),
 		slog.Int("webhook_workers", c.WebhookWorkers),
 		slog.Int("outbox_db_max_conns", int(c.OutboxDBMaxConns)),
+		slog.Int("webhook_db_max_conns", int(c.WebhookDBMaxConns)),
 		slog.String("outbox_retry_schedule", c.RetrySchedule().Round(time.Second).String()),
 		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),
 		slog.String("reconcile_interval", c.ReconcileInterval.String()),

@@ -61,6 +61,7 @@ func Settings() []Setting {
 		{"OUTBOX_WORKERS", fmt.Sprint(d.OutboxWorkers), "processor jobs worked at once (0: leave them to others); at least payments/s x one charge's p99 time (the processor's latency plus the job's own work)"},
 		{"WEBHOOK_WORKERS", fmt.Sprint(d.WebhookWorkers), "webhook deliveries worked at once, in a queue apart from the processor jobs (0: leave them to others); at least deliveries/s x a receiver's p99 time"},
 		{"OUTBOX_DB_MAX_CONNS", fmt.Sprint(d.OutboxDBMaxConns), "the outbox's own pool; workers hold a connection only for their short transactions"},
+		{"WEBHOOK_DB_MAX_CONNS", fmt.Sprint(d.WebhookDBMaxConns), "the webhook deliveries' own pool, apart from the charges': deliveries never take a charge's connection"},
 		{"OUTBOX_JOB_TIMEOUT", duration(d.OutboxJobTimeout), "bound on one attempt of a job"},
 		{"OUTBOX_RESCUE_AFTER", duration(d.OutboxRescueAfter), "a dead worker's job runs again after this"},
 		{"OUTBOX_MAX_ATTEMPTS", fmt.Sprint(d.OutboxMaxAttempts), "a job's retry budget; then requires_reconciliation"},
