@@ -37,12 +37,12 @@ func dbNow(ctx context.Context, admin *pgxpool.Pool) (time.Time, error) {
 	return t, err
 }
 
-// outboxBacklog counts the service's jobs not finished yet. (pgbench's jobs
-// sit unworked in a queue of their own.)
-func outboxBacklog(ctx context.Context, admin *pgxpool.Pool) (int64, error) {
+// outboxBacklog counts the service's jobs not finished yet in queues
+// (pgbench's jobs sit unworked in a queue of their own).
+func outboxBacklog(ctx context.Context, admin *pgxpool.Pool, queues ...string) (int64, error) {
 	var left int64
-	err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE queue IN ($1, $2) AND state NOT IN ('completed', 'discarded', 'cancelled')`,
-		outbox.QueueProcessor, outbox.QueueWebhooks).Scan(&left)
+	err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE queue = ANY ($1) AND state NOT IN ('completed', 'discarded', 'cancelled')`,
+		queues).Scan(&left)
 	return left, err
 }
 
@@ -52,7 +52,7 @@ func outboxBacklog(ctx context.Context, admin *pgxpool.Pool) (int64, error) {
 func outboxDrain(ctx context.Context, admin *pgxpool.Pool, bound time.Duration) (int64, error) {
 	deadline := time.Now().Add(bound)
 	for {
-		left, err := outboxBacklog(ctx, admin)
+		left, err := outboxBacklog(ctx, admin, outbox.QueueProcessor, outbox.QueueWebhooks)
 		if err != nil || left == 0 || time.Now().After(deadline) {
 			return left, err
 		}

@@ -267,9 +267,9 @@ func report(res *Results) string {
 	}
 	if lat := res.Settings["webhook_latency"]; lat != "" && lat != "0s" {
 		fmt.Fprintf(&b, "\nWith deliveries running: every principal has a webhook endpoint for its payments' outcomes, at a loopback receiver that answers after %s, so each charge's event is delivered during the run, by the webhook workers, in their own queue (docs/webhooks.md). Delivery lag: the event's commit to the delivery's record.\n\n", lat)
-		b.WriteString("| rows measured at | deliveries | delivery lag p50 | p99 | not delivered after the drain |\n|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| rows measured at | deliveries | delivery lag p50 | p99 | left at run end | not delivered after the drain |\n|---:|---:|---:|---:|---:|---:|\n")
 		for _, s := range res.Stages {
-			fmt.Fprintf(&b, "| %s | %d | %.2f s | %.2f s | %d |\n", humanCount(s.TableRows), s.Deliveries, s.DeliveryLagP50, s.DeliveryLagP99, s.DeliveriesLeft)
+			fmt.Fprintf(&b, "| %s | %d | %.2f s | %.2f s | %d | %d |\n", humanCount(s.TableRows), s.Deliveries, s.DeliveryLagP50, s.DeliveryLagP99, s.DeliveryBacklog, s.DeliveriesLeft)
 		}
 	}
 	fmt.Fprintf(&b, "\nEach stage's backlog is drained (for at most %s; what is left is counted, and its charges are missing from the lag) before its replays-alone run, so every measured run starts with the outbox empty. The job insert's cost to the database is the pgbench pair above; `go test -bench Outbox ./internal/payments` measures it for the payment write alone (docs/external-effects.md).\n", orDefault(res.Settings["drain"], "5m"))

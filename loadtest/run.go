@@ -22,6 +22,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/loadtest/designs"
 )
 
@@ -55,11 +56,13 @@ type Stage struct {
 	ChargeLagP99          float64  `json:"charge_lag_p99_s"`
 	PeakBacklog           int64    `json:"peak_backlog"`
 	Timeline              []Second `json:"timeline,omitempty"`
-	// OutboxBacklog is what the run left in the outbox; OutboxDrainSeconds
+	// OutboxBacklog is the charges and refunds the run left in the outbox,
+	// DeliveryBacklog the webhook deliveries; OutboxDrainSeconds
 	// how long the drain after it took, at most -drain; ChargesLeft the
 	// run's charges not done when the drain ended (then the charge lag
 	// leaves them out and is too low).
 	OutboxBacklog      int64   `json:"outbox_backlog"`
+	DeliveryBacklog    int64   `json:"delivery_backlog,omitempty"`
 	OutboxDrainSeconds float64 `json:"outbox_drain_seconds"`
 	ChargesLeft        int64   `json:"charges_left"`
 	// The webhook deliveries of the run's events (-webhook-latency, one
@@ -333,7 +336,10 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		if st.Updates > 0 {
 			st.HotRatio = float64(st.HotUpdates) / float64(st.Updates)
 		}
-		if st.OutboxBacklog, err = outboxBacklog(ctx, admin); err != nil {
+		if st.OutboxBacklog, err = outboxBacklog(ctx, admin, outbox.QueueProcessor); err != nil {
+			return nil, err
+		}
+		if st.DeliveryBacklog, err = outboxBacklog(ctx, admin, outbox.QueueWebhooks); err != nil {
 			return nil, err
 		}
 		// The stage's size is the table's size when the measured run began

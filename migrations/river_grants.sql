@@ -8,6 +8,8 @@ GRANT SELECT ON river_migration TO payments_app;
 GRANT USAGE, SELECT ON SEQUENCE river_job_id_seq, river_notification_id_seq TO payments_app;
 -- The store-health gauges read the outbox's lag.
 GRANT SELECT ON river_job TO payments_maintenance;
--- reconciliation_candidates (owned by payments_definer) looks for the live
--- job of an undecided payment or refund.
+-- reconciliation_candidates of migrations 10 to 22 (owned by
+-- payments_definer) looked for the live job of an undecided payment or
+-- refund; migration 23's asks the reconciler to (outbox.Live), and its down
+-- migration brings the old one back.
 GRANT SELECT ON river_job TO payments_definer;

@@ -54,6 +54,16 @@ CREATE TRIGGER events_worker_xid BEFORE INSERT ON events FOR EACH ROW EXECUTE FU
 CREATE TRIGGER webhook_endpoints_worker_xid BEFORE INSERT ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION set_worker_xid();
 CREATE TRIGGER webhook_deliveries_worker_xid BEFORE INSERT ON webhook_deliveries FOR EACH ROW EXECUTE FUNCTION set_worker_xid();
 
+-- The SECURITY DEFINER functions (authenticate_request, the quota's
+-- add_idempotency_key_claims, the reconciler's candidates) run as
+-- payments_definer, and Citus opens its connections to the workers as the
+-- role that runs the statement: the function's owner. A role that cannot
+-- log in cannot reach the shards ("role payments_definer is not permitted
+-- to log in": the quota's flush failed on every run). On a cluster it must
+-- log in; it has no password, so allow it in each worker's pg_hba.conf
+-- from the coordinator's address only.
+ALTER ROLE payments_definer LOGIN;
+
 -- The tenant a request's SET LOCAL names must reach the worker that runs
 -- its statements, where row-level security reads it.
 ALTER SYSTEM SET citus.propagate_set_commands = 'local';

@@ -204,6 +204,30 @@ func TestALateChargeMovesNothingOnceNotProcessedIsRecorded(t *testing.T) {
 	require.Zero(t, res.Examined)
 }
 
+// Rows whose job is still live are the jobs', not the reconciler's: a run
+// reads past a page of them to the rows whose job has ended (during a
+// processor outage most undecided rows are still their jobs').
+func TestTheReconcilerReadsPastRowsWhoseJobIsLive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.noWorkers = true })
+	k := b.newKey(t, "acme", allScopes...)
+	var ids []string
+	for _, key := range []string{"older", "newer"} {
+		r := b.post(t, "/v1/payments", k.Secret, key, paymentBody)
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+		ids = append(ids, decode(t, r.Body)["id"].(string))
+	}
+	_, err := b.admin.Exec(context.Background(), `DELETE FROM river_job WHERE args->>'payment_id' = $1`, ids[1])
+	require.NoError(t, err)
+	onePerPage := *b.reconciler
+	onePerPage.Batch = 1
+	res, err := onePerPage.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, reconcile.Result{Examined: 1, Failed: 1}, res)
+	require.Equal(t, "processing", decode(t, b.get(t, "/v1/payments/"+ids[0], k.Secret).Body)["status"], "its job is waiting")
+	require.Equal(t, "failed", decode(t, b.get(t, "/v1/payments/"+ids[1], k.Secret).Body)["status"])
+}
+
 // A payment whose commit is lost after its charge went out (a lossy
 // failover takes the payment, its key and its job) is made again by the
 // client's retry, under a new id, and the processor is asked with the same

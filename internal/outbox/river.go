@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -13,8 +14,9 @@ import (
 // River's table, river_job, by hand instead of through River's API: a job
 // inserted in the request's own batch (Writer.Queue), one inserted per row
 // of a query (QueueEach, the webhook fan-out), a job completed with its
-// answer (QueueComplete), and the gauges. Migrations 10 and 16 (the
-// reconciler's candidates, the queues) and river_grants.sql name it too.
+// answer (QueueComplete), the reconciler's question about a row's job
+// (Live), and the gauges. Migrations 10 and 16 (the reconciler's candidates
+// before migration 23, the queues) and river_grants.sql name it too.
 
 // RiverSchema is the version of River's schema (rivermigrate's) that this
 // SQL was written against. TestRiverSchema fails when the river module
@@ -83,4 +85,22 @@ func OldestUnfinished(ctx context.Context, db database.DBTX, kind string) (float
 		FROM river_job
 		WHERE kind = $1 AND state IN ('available', 'running', 'retryable', 'scheduled')`, kind).Scan(&age)
 	return age, err
+}
+
+// Live reports whether a job of kind whose args carry field = id is
+// waiting, running, or finished less than grace ago: the reconciler leaves
+// such a row to its job, whose call may still reach the processor. The
+// match is River's GIN index on args.
+func Live(ctx context.Context, db database.DBTX, kind, field string, id any, grace time.Duration) (bool, error) {
+	var live bool
+	err := db.QueryRow(ctx, `
+		SELECT EXISTS (
+			SELECT FROM river_job
+			WHERE kind = $1 AND args @> jsonb_build_object($2::text, $3::text)
+			  AND (finalized_at IS NULL OR finalized_at > now() - $4::interval))`,
+		kind, field, fmt.Sprint(id), grace).Scan(&live)
+	if err != nil {
+		return false, fmt.Errorf("look for a live %s job: %w", kind, err)
+	}
+	return live, nil
 }

@@ -49,7 +49,7 @@ type Reconciler struct {
 	// processor until then, and "no record" is only final after it cannot.
 	// Make it longer than the processor call's timeout.
 	Grace time.Duration
-	// Batch bounds the rows of each kind one run looks at.
+	// Batch bounds the rows one run settles.
 	Batch int
 	// Events takes the event of each row it decides (webhook deliveries).
 	Events events.Fanout
@@ -86,7 +86,14 @@ type Result struct {
 type candidate struct {
 	kind, status  string
 	id, principal uuid.UUID
+	created       time.Time
 }
+
+// pagesPerRun bounds how many pages of Batch undecided rows one run reads
+// while it looks for rows whose job has ended: during a processor outage
+// most undecided rows are still their jobs', and a run must not read them
+// all.
+const pagesPerRun = 10
 
 // Run settles every row that qualifies now, up to Batch of each kind. A row
 // the processor cannot answer for is counted as waiting. A row that cannot be
@@ -96,21 +103,9 @@ type candidate struct {
 // Only a database that cannot be reached ends the run (the rows already
 // settled stay settled).
 func (r *Reconciler) Run(ctx context.Context) (Result, error) {
-	var list []candidate
-	err := r.Pool.WithConn(ctx, func(c database.DBTX) error {
-		rows, err := c.Query(ctx, `SELECT kind, id, principal_id, status FROM reconciliation_candidates($1, $2)`, r.Grace, r.Batch)
-		if err != nil {
-			return err
-		}
-		list, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
-			var c candidate
-			err := row.Scan(&c.kind, &c.id, &c.principal, &c.status)
-			return c, err
-		})
-		return err
-	})
+	list, err := r.candidates(ctx)
 	if err != nil {
-		return Result{}, fmt.Errorf("find rows to reconcile: %w", err)
+		return Result{}, err
 	}
 	var res Result
 	for _, c := range list {
@@ -140,6 +135,59 @@ func (r *Reconciler) Run(ctx context.Context) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// candidates returns up to Batch undecided rows, oldest first, whose job
+// ended more than Grace ago or is gone: the tenant tables are read a page at
+// a time (reconciliation_candidates, across every tenant), and River's table
+// is asked about each row (outbox.Live). The two are separate statements
+// because on Citus the tenant tables are distributed and river_job is the
+// coordinator's, and Citus cannot join them.
+func (r *Reconciler) candidates(ctx context.Context) ([]candidate, error) {
+	var list []candidate
+	err := r.Pool.WithConn(ctx, func(c database.DBTX) error {
+		after, afterID := time.Time{}, uuid.Nil
+		for range pagesPerRun {
+			rows, err := c.Query(ctx, `SELECT kind, id, principal_id, status, created_at FROM reconciliation_candidates($1, $2, $3, $4)`,
+				r.Grace, after, afterID, r.Batch)
+			if err != nil {
+				return err
+			}
+			page, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
+				var c candidate
+				err := row.Scan(&c.kind, &c.id, &c.principal, &c.status, &c.created)
+				return c, err
+			})
+			if err != nil {
+				return err
+			}
+			for _, cand := range page {
+				kind, field := payments.ChargeArgs{}.Kind(), "payment_id"
+				if cand.kind == "refund" {
+					kind, field = refunds.Args{}.Kind(), "refund_id"
+				}
+				live, err := outbox.Live(ctx, c, kind, field, cand.id, r.Grace)
+				if err != nil {
+					return err
+				}
+				if !live {
+					list = append(list, cand)
+				}
+				if len(list) == r.Batch {
+					return nil
+				}
+			}
+			if len(page) < r.Batch {
+				return nil
+			}
+			after, afterID = page[len(page)-1].created, page[len(page)-1].id
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find rows to reconcile: %w", err)
+	}
+	return list, nil
 }
 
 // settle looks one row up at the processor and records the answer. Its
