@@ -27,9 +27,10 @@ func TestSmoke(t *testing.T) {
 		t.Skip("-short skips it: a small load test, about 35 s; the full test command (and CI) runs it")
 	}
 	const concurrency, apiConns, outboxConns = 4, 6, 2
-	// The load test's own pool, the API's pool, its outbox's and its
-	// maintenance pool of 2, and pgbench's clients, one per -concurrency.
-	db := testdb.New(t, adminConns+apiConns+outboxConns+2+concurrency)
+	// The load test's own pool, the API's pool, its outbox's, its webhook
+	// deliveries' (WEBHOOK_DB_MAX_CONNS's default, 4) and its maintenance
+	// pool of 2, and pgbench's clients, one per -concurrency.
+	db := testdb.New(t, adminConns+apiConns+outboxConns+4+2+concurrency)
 	out := t.TempDir()
 	cfg, err := parseFlags([]string{
 		"-sizes", "0,3000", "-duration", "1500ms", "-warmup", "200ms", "-repeats", "2", "-compare-duration", "1s", "-concurrency", strconv.Itoa(concurrency), "-principals", "3",
