@@ -44,7 +44,14 @@ func TestEventsCommitWithTheirChange(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			changed, err = payments.Settle(context.Background(), tx, fanout, principal, p, payments.StatusSucceeded, nil, "ch_1")
+			b := &pgx.Batch{}
+			settled, err := payments.QueueSettle(context.Background(), b, fanout, payments.SettleParams{Principal: principal, Payment: p, Status: payments.StatusSucceeded, ProcessorID: "ch_1"})
+			if err == nil {
+				err = tx.SendBatch(context.Background(), b).Close()
+			}
+			if err == nil {
+				changed = *settled
+			}
 			if err == nil && !commit {
 				return errRollback
 			}

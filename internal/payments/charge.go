@@ -47,7 +47,8 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 				return nil, fmt.Errorf("charge payment %s: %w", p.ID, err)
 			}
 			return func(b *pgx.Batch) error {
-				return QueueSettle(ctx, b, w.Events, job.Args.Principal, p, status, reason, res.ID)
+				_, err := QueueSettle(ctx, b, w.Events, SettleParams{Principal: job.Args.Principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
+				return err
 			}, nil
 		},
 	})

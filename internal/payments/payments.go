@@ -266,47 +266,40 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 	})
 }
 
-// Settle records the processor's answer for principal's payment p, not yet decided
-// (processing, or waiting for reconciliation), with the event that says so
-// and what fanout queues for it, and reports whether it changed the row:
-// false when the payment was already decided, by an earlier run of the job
-// or by the reconciler, whose answer (and event) stands.
-func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, principal uuid.UUID, p Payment, status string, reason *string, processorID string) (bool, error) {
-	b := &pgx.Batch{}
-	var changed bool
-	if err := queueSettle(ctx, b, fanout, principal, p, status, reason, processorID, &changed); err != nil {
-		return false, err
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return false, fmt.Errorf("settle payment %s: %w", p.ID, err)
-	}
-	return changed, nil
+// SettleParams is a processor's answer for one payment not yet decided.
+type SettleParams struct {
+	Principal uuid.UUID
+	// Payment is the payment as read: with the answer, the event's snapshot
+	// (nothing else of an undecided payment changes: it cannot be refunded
+	// yet).
+	Payment     Payment
+	Status      string
+	Reason      *string
+	ProcessorID string
 }
 
-// QueueSettle is Settle queued on b, for the outbox worker, which records
-// the answer in one round trip with its job's completion.
-func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, p Payment, status string, reason *string, processorID string) error {
-	return queueSettle(ctx, b, fanout, principal, p, status, reason, processorID, nil)
-}
-
-func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, p Payment, status string, reason *string, processorID string, changed *bool) error {
-	// The snapshot is the payment as it was read, with the answer: nothing
-	// else of an undecided payment changes (it cannot be refunded yet).
-	p.Status, p.FailureReason = status, reason
-	processorID = database.StorableText(processorID, MaxProcessorTextLength)
+// QueueSettle adds to b the statements that record s: the payment's decided
+// status, the event that says so, and what fanout queues for it. Once b has
+// run, *changed says whether they changed the row: false when the payment
+// was already decided, by an earlier run of its job or by the reconciler,
+// whose answer (and event) stands. The outbox worker sends b with its job's
+// completion, the reconciler on its own: one round trip either way.
+func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, s SettleParams) (changed *bool, err error) {
+	p := s.Payment
+	p.Status, p.FailureReason = s.Status, s.Reason
+	processorID := database.StorableText(s.ProcessorID, MaxProcessorTextLength)
 	data, err := events.Data(p)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	changed = new(bool)
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, principal, p.ID, status, reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
-		if changed != nil {
-			*changed = tag.RowsAffected() == 1
-		}
+	b.Queue(settleSQL, s.Principal, p.ID, s.Status, s.Reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
+		*changed = tag.RowsAffected() == 1
 		return nil
 	})
-	b.Queue(events.SettledSQL("payments"), principal, p.ID, eventID, events.Type("payment", status), data)
-	return fanout.Queue(ctx, b, principal, eventID)
+	b.Queue(events.SettledSQL("payments"), s.Principal, p.ID, eventID, events.Type("payment", s.Status), data)
+	return changed, fanout.Queue(ctx, b, s.Principal, eventID)
 }
 
 // settleSQL moves the payment to its decided status, marking it with the id

@@ -231,12 +231,14 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	}
 	// The same words for payments and refunds.
 	status, reason := payments.Decision(lookupErr, true)
-	err = database.InTenantTx(ctx, r.Pool, c.principal, database.TxOptions{}, func(tx pgx.Tx) error {
+	// One batch, one round trip: a settle whose connection was lost is
+	// decided again by the next run (its UPDATE moves undecided rows only).
+	err = database.InTenantBatch(ctx, r.Pool, c.principal, func(b *pgx.Batch) error {
 		var err error
 		if c.kind == "payment" {
-			_, err = payments.Settle(ctx, tx, r.Events, c.principal, p, status, reason, res.ID)
+			_, err = payments.QueueSettle(ctx, b, r.Events, payments.SettleParams{Principal: c.principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
 		} else {
-			_, err = refunds.Settle(ctx, tx, r.Events, c.principal, rf, status, reason, res.ID)
+			_, err = refunds.QueueSettle(ctx, b, r.Events, refunds.SettleParams{Principal: c.principal, Refund: rf, Status: status, Reason: reason, ProcessorID: res.ID})
 		}
 		return err
 	})

@@ -183,49 +183,40 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, c
 	return r, nil
 }
 
-// Settle records the processor's answer for principal's refund r, not yet decided
-// (pending, or waiting for reconciliation), with the event that says so and
-// what fanout queues for it, and reports whether it changed the row. A
-// refund that failed gives its amount back to the payment, once: only the
+// SettleParams is a processor's answer for one refund not yet decided.
+type SettleParams struct {
+	Principal uuid.UUID
+	// Refund is the refund as read: with the answer, the event's snapshot
+	// (nothing else of a refund changes).
+	Refund      Refund
+	Status      string
+	Reason      *string
+	ProcessorID string
+}
+
+// QueueSettle adds to b the statements that record s: the refund's decided
+// status, the event that says so, and what fanout queues for it. A refund
+// that failed gives its amount back to the payment, once: only the
 // statement that moves it to failed does. A refund waiting for
 // reconciliation keeps its amount counted, since the money may have moved.
-func Settle(ctx context.Context, tx pgx.Tx, fanout events.Fanout, principal uuid.UUID, r Refund, status string, reason *string, processorID string) (bool, error) {
-	b := &pgx.Batch{}
-	var changed bool
-	if err := queueSettle(ctx, b, fanout, principal, r, status, reason, processorID, &changed); err != nil {
-		return false, err
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return false, fmt.Errorf("settle refund %s: %w", r.ID, err)
-	}
-	return changed, nil
-}
-
-// QueueSettle is Settle queued on b, for the outbox worker, which records
-// the answer in one round trip with its job's completion.
-func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, r Refund, status string, reason *string, processorID string) error {
-	return queueSettle(ctx, b, fanout, principal, r, status, reason, processorID, nil)
-}
-
-func queueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, principal uuid.UUID, r Refund, status string, reason *string, processorID string, changed *bool) error {
-	// The snapshot is the refund as it was read, with the answer: nothing
-	// else of a refund changes.
-	r.Status, r.FailureReason = status, reason
-	processorID = database.StorableText(processorID, payments.MaxProcessorTextLength)
+// Once b has run, *changed says whether the row changed.
+func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, s SettleParams) (changed *bool, err error) {
+	r := s.Refund
+	r.Status, r.FailureReason = s.Status, s.Reason
+	processorID := database.StorableText(s.ProcessorID, payments.MaxProcessorTextLength)
 	data, err := events.Data(r)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	changed = new(bool)
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, principal, r.ID, status, reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
-		if changed != nil {
-			*changed = tag.RowsAffected() == 1
-		}
+	b.Queue(settleSQL, s.Principal, r.ID, s.Status, s.Reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
+		*changed = tag.RowsAffected() == 1
 		return nil
 	})
-	b.Queue(givenBackSQL, principal, r.ID, eventID)
-	b.Queue(events.SettledSQL("refunds"), principal, r.ID, eventID, events.Type("refund", status), data)
-	return fanout.Queue(ctx, b, principal, eventID)
+	b.Queue(givenBackSQL, s.Principal, r.ID, eventID)
+	b.Queue(events.SettledSQL("refunds"), s.Principal, r.ID, eventID, events.Type("refund", s.Status), data)
+	return changed, fanout.Queue(ctx, b, s.Principal, eventID)
 }
 
 // settleSQL moves the refund, marking it with the id of the event that will

@@ -52,7 +52,8 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
 			}
 			return func(b *pgx.Batch) error {
-				return QueueSettle(ctx, b, w.Events, job.Args.Principal, r, status, reason, res.ID)
+				_, err := QueueSettle(ctx, b, w.Events, SettleParams{Principal: job.Args.Principal, Refund: r, Status: status, Reason: reason, ProcessorID: res.ID})
+				return err
 			}, nil
 		},
 	})
