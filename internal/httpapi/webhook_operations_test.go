@@ -274,3 +274,28 @@ func TestWebhookEndpointConcurrencyIsBounded(t *testing.T) {
 	require.Equal(t, limit, most, "attempts to one endpoint in flight at once")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM webhook_endpoint_leases`), "every lease was given back")
 }
+
+// Concurrent registrations never take more than MaxEndpoints places: the
+// per-principal lock makes each count and its INSERT one decision.
+func TestWebhookEndpointLimitHoldsUnderConcurrentCreations(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxConns = 8 })
+	k := b.newKey(t, "acme", webhookScopes...)
+	const tries = 3 * webhooks.MaxEndpoints
+	statuses := make(chan int, tries)
+	var wg sync.WaitGroup
+	for i := range tries {
+		wg.Go(func() {
+			r := b.post(t, "/v1/webhook_endpoints", k.Secret, "concurrent-"+itoa(i), `{"url": "http://127.0.0.1:9/hook"}`)
+			statuses <- r.Status
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	count := map[int]int{}
+	for s := range statuses {
+		count[s]++
+	}
+	require.Equal(t, map[int]int{http.StatusCreated: webhooks.MaxEndpoints, http.StatusUnprocessableEntity: tries - webhooks.MaxEndpoints}, count)
+	require.Equal(t, webhooks.MaxEndpoints, b.count(t, `SELECT count(*) FROM webhook_endpoints`))
+}

@@ -235,17 +235,24 @@ func Create(ctx context.Context, tx pgx.Tx, k Keyring, principal uuid.UUID, n Ne
 		e.EnabledEvents = []string{AllEvents}
 	}
 	// A statement of its own after the lock: its snapshot sees every
-	// endpoint committed before the lock was granted.
-	tag, err := tx.Exec(ctx, `
+	// endpoint committed before the lock was granted. The count and the
+	// INSERT are two statements (one INSERT ... SELECT ... WHERE count < N
+	// gave the row its principal as a parameter, which Citus plans through
+	// the coordinator and row-level security then refuses: docs/scaling.md);
+	// the lock keeps them one decision.
+	var registered int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_endpoints WHERE principal_id = $1 AND status <> 'deleted'`, principal).Scan(&registered); err != nil {
+		return Endpoint{}, fmt.Errorf("count webhook endpoints: %w", err)
+	}
+	if registered >= MaxEndpoints {
+		return Endpoint{}, ErrTooManyEndpoints
+	}
+	_, err := tx.Exec(ctx, `
 		INSERT INTO webhook_endpoints (id, principal_id, url, description, status, enabled_events, created_at)
-		SELECT $1, $2, $3, $4, $5, $8, $6
-		WHERE (SELECT count(*) FROM webhook_endpoints WHERE principal_id = $2 AND status <> 'deleted') < $7`,
-		e.ID, principal, e.URL, e.Description, e.Status, e.CreatedAt, MaxEndpoints, e.EnabledEvents)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		e.ID, principal, e.URL, e.Description, e.Status, e.EnabledEvents, e.CreatedAt)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("create webhook endpoint: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return Endpoint{}, ErrTooManyEndpoints
 	}
 	return e.WithSecret(k, e.secretVersion), nil
 }
