@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,9 +26,8 @@ var deliveryKind = webhooks.DeliveryArgs{}.Kind()
 
 // slowReceiver answers every delivery 200 after a fixed latency.
 type slowReceiver struct {
-	srv      *http.Server
-	url      string
-	received atomic.Int64
+	srv *http.Server
+	url string
 }
 
 // startReceiver listens on a free loopback port.
@@ -40,7 +38,6 @@ func startReceiver(latency time.Duration) (*slowReceiver, error) {
 	}
 	rc := &slowReceiver{url: "http://" + l.Addr().String() + "/webhooks"}
 	rc.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc.received.Add(1)
 		select {
 		case <-time.After(latency):
 		case <-r.Context().Done():

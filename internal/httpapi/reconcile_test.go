@@ -182,7 +182,9 @@ func TestALateChargeMovesNothingOnceNotProcessedIsRecorded(t *testing.T) {
 		o.maxAttempts = 1
 		o.processorTimeout = 200 * time.Millisecond
 	})
-	b.sim.SetConfig(simulator.Config{CommitDelay: 2 * time.Second})
+	// The processor holds the charge far longer than the job and the
+	// reconciler take, even on a loaded machine.
+	b.sim.SetConfig(simulator.Config{CommitDelay: 5 * time.Second})
 	k := b.newKey(t, "acme", allScopes...)
 	r := b.post(t, "/v1/payments", k.Secret, "late", paymentBody)
 	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
@@ -197,7 +199,7 @@ func TestALateChargeMovesNothingOnceNotProcessedIsRecorded(t *testing.T) {
 	require.Equal(t, "failed", got["status"])
 	require.Equal(t, "not_processed", got["failure_reason"])
 
-	require.Eventually(t, func() bool { return b.sim.Waiting() == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return b.sim.Waiting() == 0 }, 20*time.Second, 20*time.Millisecond)
 	require.Zero(t, b.sim.EffectsFor(id), "the charge the processor made late moved money for a payment recorded failed")
 	res, err = b.reconciler.Run(context.Background())
 	require.NoError(t, err)

@@ -248,7 +248,7 @@ func (d *Deliverer) queueFailed(ctx context.Context, b *pgx.Batch, principal uui
 	}
 	eventID := uuid.Must(uuid.NewV7())
 	disabled := ep
-	disabled.Status, disabled.DisabledReason = StatusDisabled, ptr(ReasonFailing)
+	disabled.Status, disabled.DisabledReason = StatusDisabled, new(ReasonFailing)
 	data, err := events.Data(disabled)
 	if err != nil {
 		return err
@@ -262,8 +262,6 @@ func (d *Deliverer) queueFailed(ctx context.Context, b *pgx.Batch, principal uui
 		principal, ep.ID, eventID, data, d.Livemode)
 	return Fanout{Schedule: d.Schedule}.Queue(ctx, b, principal, eventID)
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // deliveredSQL ends an endpoint's run of failures.
 const deliveredSQL = `UPDATE webhook_endpoints SET failing_since = NULL

@@ -31,7 +31,9 @@ func TestCancelClosesTheKey(t *testing.T) {
 	require.NoError(t, err, "a cancel undoes nothing: the charge is its answer")
 	require.Equal(t, charged, res)
 
-	sim.SetConfig(simulator.Config{CommitDelay: 300 * time.Millisecond})
+	// Long enough for the lookup and the cancel to come first on a loaded
+	// machine.
+	sim.SetConfig(simulator.Config{CommitDelay: 2 * time.Second})
 	late := make(chan error, 1)
 	go func() {
 		_, err := c.Charge(ctx, processor.Charge{Key: "late", Amount: 1000, Currency: "usd"})
