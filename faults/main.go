@@ -48,7 +48,7 @@ func main() {
 	fs.BoolVar(&cfg.wide, "wide", false, "print the phases as one table with their replies, a phase a line (about 230 columns), instead of a table that fits 120")
 	failover := fs.Bool("failover", false, "instead of the proxy's faults, failovers of a pg_auto_failover formation this starts (scripts/failover-cluster); each phase lasts at least 15 s")
 	standby := fs.String("standby", "sync", "with -failover: sync (the formation's default, synchronous replication) or async (synchronous_commit = local: the lesson of docs/reliability.md)")
-	failoverPort := fs.Int("failover-port", 54330, "with -failover: the monitor's port; the nodes take the next two")
+	failoverPort := fs.Int("failover-port", 26330, "with -failover: the monitor's port; the nodes take the next two")
 	_ = fs.Parse(os.Args[1:])
 	if *standby != "sync" && *standby != "async" {
 		fmt.Fprintln(os.Stderr, "faults: -standby is sync or async")

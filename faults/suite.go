@@ -433,14 +433,18 @@ func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *
 		          SELECT 1 FROM refunds r WHERE r.id = (j.args->>'refund_id')::uuid AND r.status = 'pending')))`).Scan(&orphaned); err != nil {
 		return nil, err
 	}
+	// An undecided payment or refund has a job: in River's table, not
+	// finished, or in outbox_jobs, waiting for the relay.
 	var jobless int
 	if err := admin.QueryRow(ctx, `
 		SELECT (SELECT count(*) FROM payments p WHERE p.status = 'processing' AND NOT EXISTS (
 		            SELECT 1 FROM river_job j WHERE j.kind = 'charge_payment' AND j.args @> jsonb_build_object('payment_id', p.id)
-		              AND j.finalized_at IS NULL))
+		              AND j.finalized_at IS NULL) AND NOT EXISTS (
+		            SELECT 1 FROM outbox_jobs o WHERE o.kind = 'charge_payment' AND o.args @> jsonb_build_object('payment_id', p.id)))
 		     + (SELECT count(*) FROM refunds r WHERE r.status = 'pending' AND NOT EXISTS (
 		            SELECT 1 FROM river_job j WHERE j.kind = 'refund_payment' AND j.args @> jsonb_build_object('refund_id', r.id)
-		              AND j.finalized_at IS NULL))`).Scan(&jobless); err != nil {
+		              AND j.finalized_at IS NULL) AND NOT EXISTS (
+		            SELECT 1 FROM outbox_jobs o WHERE o.kind = 'refund_payment' AND o.args @> jsonb_build_object('refund_id', r.id)))`).Scan(&jobless); err != nil {
 		return nil, err
 	}
 

@@ -159,7 +159,7 @@ func runCurve(ctx context.Context, cfg config, progress io.Writer) error {
 	if cv.Memory == 0 {
 		cv.Memory = machineMemory()
 	}
-	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage, river_job`); err != nil {
+	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage, river_job, outbox_jobs`); err != nil {
 		return fmt.Errorf("empty the tables: %w", err)
 	}
 	clients, err := createClients(ctx, admin, cfg.principals)
@@ -178,7 +178,7 @@ func runCurve(ctx context.Context, cfg config, progress io.Writer) error {
 	defer stopAPI()
 
 	for _, shape := range cfg.keyShapes {
-		if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, payments, refunds, river_job`); err != nil {
+		if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, payments, refunds, river_job, outbox_jobs`); err != nil {
 			return fmt.Errorf("empty the tables: %w", err)
 		}
 		shapeCfg := cfg

@@ -124,7 +124,7 @@ func TestLimitedPostgres(t *testing.T) {
 	root, err := filepath.Abs("..")
 	require.NoError(t, err)
 	script := filepath.Join(root, limitedScript)
-	env := append(os.Environ(), "LIMITED_DIR="+filepath.Join(os.TempDir(), "limited-postgres-test-"+strconv.Itoa(os.Getpid())), "LIMITED_PORT=54349")
+	env := append(os.Environ(), "LIMITED_DIR="+filepath.Join(os.TempDir(), "limited-postgres-test-"+strconv.Itoa(os.Getpid())), "LIMITED_PORT=26349")
 	do := func(verb string, extra ...string) string {
 		cmd := exec.Command(script, verb)
 		cmd.Env = append(env, extra...)
@@ -146,5 +146,5 @@ func TestLimitedPostgres(t *testing.T) {
 	require.Equal(t, "25MB", sb, "an eighth of the limit")
 	cg, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	require.NoError(t, err)
-	require.Contains(t, string(cg), "payments-limited-postgres-54349", "the backend serving this connection is in the group")
+	require.Contains(t, string(cg), "payments-limited-postgres-26349", "the backend serving this connection is in the group")
 }

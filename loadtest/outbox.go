@@ -37,11 +37,15 @@ func dbNow(ctx context.Context, admin *pgxpool.Pool) (time.Time, error) {
 	return t, err
 }
 
-// outboxBacklog counts the service's jobs not finished yet in queues
-// (pgbench's jobs sit unworked in a queue of their own).
+// outboxBacklog counts the service's jobs not finished yet in queues,
+// those still waiting for the relay included (pgbench's jobs sit unworked
+// in a queue of their own). A job the relay has copied but not yet deleted
+// counts twice for that moment.
 func outboxBacklog(ctx context.Context, admin *pgxpool.Pool, queues ...string) (int64, error) {
 	var left int64
-	err := admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE queue = ANY ($1) AND state NOT IN ('completed', 'discarded', 'cancelled')`,
+	err := admin.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM river_job WHERE queue = ANY ($1) AND state NOT IN ('completed', 'discarded', 'cancelled'))
+		     + (SELECT count(*) FROM outbox_jobs WHERE queue = ANY ($1))`,
 		queues).Scan(&left)
 	return left, err
 }

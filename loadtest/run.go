@@ -188,7 +188,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	defer admin.Close()
 	// Stages must start from the sizes they claim: the load test owns this
 	// database and empties it first.
-	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage, river_job,
+	if _, err := admin.Exec(ctx, `TRUNCATE idempotency_keys, refunds, payments, idempotency_key_usage, river_job, outbox_jobs,
 		events, webhook_deliveries, webhook_endpoint_leases, webhook_endpoints`); err != nil {
 		return nil, fmt.Errorf("empty the tables: %w", err)
 	}

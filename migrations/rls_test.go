@@ -288,6 +288,8 @@ func TestDefinerFunctionsAreOwnedByARoleOfTheirOwn(t *testing.T) {
 	require.Equal(t, map[string]string{
 		"add_idempotency_key_claims": "payments_definer",
 		"authenticate_request":       "payments_definer",
+		"outbox_pending":             "payments_definer",
+		"outbox_relayed":             "payments_definer",
 		"reconciliation_backlog":     "payments_definer",
 		"reconciliation_candidates":  "payments_definer",
 	}, owners)

@@ -35,14 +35,14 @@ func TestAReplayWaitsForTheStandby(t *testing.T) {
 	}
 	t.Parallel()
 	do := scriptRunner(t, "limited-postgres", "LIMITED_DIR="+filepath.Join(os.TempDir(), "standby-test-"+strconv.Itoa(os.Getpid())),
-		"LIMITED_PORT=54348", "MEMORY=512MB", "LIMITED_CONF=synchronous_standby_names = 'ghost'",
+		"LIMITED_PORT=26348", "MEMORY=512MB", "LIMITED_CONF=synchronous_standby_names = 'ghost'",
 		"PGOPTIONS=-c synchronous_commit=local") // the script's own CREATE DATABASE
 	t.Cleanup(func() { do("down") })
 	do("up")
 	// The owner's and the maintenance role's sessions commit without
 	// waiting (synchronous_commit=local): only the service's requests meet
 	// the missing standby.
-	url := func(role string) string { return "postgres://" + role + "@127.0.0.1:54348/payments?sslmode=disable" }
+	url := func(role string) string { return "postgres://" + role + "@127.0.0.1:26348/payments?sslmode=disable" }
 	local := "&synchronous_commit=local"
 	addr := freeAddr(t)
 	getenv := env(map[string]string{

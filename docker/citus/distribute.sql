@@ -23,12 +23,16 @@ SELECT create_distributed_table('webhook_deliveries', 'principal_id', colocate_w
 SELECT create_distributed_table('webhook_endpoint_leases', 'principal_id', colocate_with => 'payments');
 SELECT create_distributed_table('idempotency_keys', 'principal_id', colocate_with => 'payments');
 SELECT create_distributed_table('idempotency_key_usage', 'principal_id', colocate_with => 'payments');
+-- A request's job (a charge, a refund, a webhook delivery) is a row of
+-- outbox_jobs on its payment's shard, committed with the payment in one
+-- single-shard transaction.
+SELECT create_distributed_table('outbox_jobs', 'principal_id', colocate_with => 'payments');
 
--- River's tables (river_job and the rest) stay on the coordinator. A
--- transaction that writes a payment on a worker and its charge job here is
--- not atomic across the two: docs/scaling.md, "The outbox, sharded", is
--- the design that fixes it, and it is not built. Until it is, this cluster
--- is for trying the routing, not for money.
+-- River's tables (river_job and the rest) stay on the coordinator. The
+-- relay (internal/outbox, Relay) copies outbox_jobs into river_job with a
+-- unique key per row, then deletes what it copied: a relay that dies
+-- between the two copies nothing twice (docs/scaling.md, "The outbox,
+-- sharded").
 
 -- A listed row's xid must come from the node whose snapshot the list reads:
 -- the lists show rows older than list_horizon(), which runs on the worker

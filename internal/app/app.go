@@ -196,6 +196,21 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 	if err != nil {
 		return err
 	}
+	// The relay moves the jobs requests write into River, in every
+	// process, workers or not (one pass at a time across them): a process
+	// that only takes requests still hands its jobs to the ones that work
+	// them. 50 ms between passes is most of what it adds to a charge's lag.
+	// It stops after the server has drained, so the last requests' jobs are
+	// relayed now or by the next process.
+	relayCtx, stopRelay := context.WithCancel(bg)
+	var relaying sync.WaitGroup
+	relay := outbox.Relay{Pool: outboxPool, Batch: 500, Interval: 50 * time.Millisecond,
+		OnError: func(err error) { log.Warn("outbox relay pass failed", "error", err) }}
+	relaying.Go(func() { relay.Run(relayCtx) })
+	defer func() {
+		stopRelay()
+		relaying.Wait()
+	}()
 	if cfg.OutboxWorkers > 0 || cfg.WebhookWorkers > 0 {
 		giveUp := outbox.StartWhenReachable(bg, jobs, func(err error) { log.Warn("outbox workers not started yet", "error", err) })
 		// After the server has drained: jobs its last requests inserted

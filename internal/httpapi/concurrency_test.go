@@ -123,7 +123,7 @@ func TestADuplicateWaitsForTheHolder(t *testing.T) {
 				require.Equal(t, h.Body, d.Body, "the replay is the holder's response, byte for byte")
 			}
 			require.Equal(t, earlier+tc.wantPayments, b.count(t, `SELECT count(*) FROM payments`), "the intent executed once")
-			require.Equal(t, earlier+tc.wantPayments, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'charge_payment'`), "one charge job per payment")
+			require.Equal(t, earlier+tc.wantPayments, b.jobs(t, `kind = 'charge_payment'`), "one charge job per payment")
 		})
 	}
 }

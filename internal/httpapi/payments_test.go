@@ -195,7 +195,7 @@ func TestFailureAfterClaimLeavesNothingBehind(t *testing.T) {
 			requireProblem(t, b.post(t, "/v1/payments", k.Secret, "k", paymentBody), http.StatusInternalServerError, "internal-error")
 			require.Equal(t, 0, b.count(t, `SELECT count(*) FROM idempotency_keys`))
 			require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments`))
-			require.Equal(t, 0, b.count(t, `SELECT count(*) FROM river_job`), "no charge job for a payment that rolled back")
+			require.Equal(t, 0, b.jobs(t, `true`), "no charge job for a payment that rolled back")
 
 			_, err = b.admin.Exec(ctx, `DROP TRIGGER inject_failure ON `+tc.table)
 			require.NoError(t, err)

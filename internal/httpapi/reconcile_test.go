@@ -160,8 +160,7 @@ func TestAPaymentWhoseJobWasDeletedIsReconciled(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Examined, "a payment whose job is waiting to run is the job's, not the reconciler's")
 
-	_, err = b.admin.Exec(context.Background(), `DELETE FROM river_job WHERE kind = 'charge_payment'`)
-	require.NoError(t, err)
+	b.deleteJobs(t, `kind = 'charge_payment'`)
 	res, err = b.reconciler.Run(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, reconcile.Result{Examined: 1, Failed: 1}, res)
@@ -219,8 +218,7 @@ func TestTheReconcilerReadsPastRowsWhoseJobIsLive(t *testing.T) {
 		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
 		ids = append(ids, decode(t, r.Body)["id"].(string))
 	}
-	_, err := b.admin.Exec(context.Background(), `DELETE FROM river_job WHERE args->>'payment_id' = $1`, ids[1])
-	require.NoError(t, err)
+	b.deleteJobs(t, `args->>'payment_id' = $1`, ids[1])
 	onePerPage := *b.reconciler
 	onePerPage.Batch = 1
 	res, err := onePerPage.Run(context.Background())
@@ -251,11 +249,11 @@ func TestARetryOfALostPaymentIsNotChargedAgain(t *testing.T) {
 		`DELETE FROM events WHERE data->'object'->>'id' = $1`,
 		`DELETE FROM payments WHERE id = $1::uuid`,
 		`DELETE FROM idempotency_keys WHERE key = 'lost-order' AND $1 <> ''`,
-		`DELETE FROM river_job WHERE args->>'payment_id' = $1`,
 	} {
 		_, err := b.admin.Exec(context.Background(), sql, lost)
 		require.NoError(t, err)
 	}
+	b.deleteJobs(t, `args->>'payment_id' = $1`, lost)
 
 	retry := b.post(t, "/v1/payments", k.Secret, "lost-order", paymentBody)
 	require.Equal(t, http.StatusCreated, retry.Status, "%s", retry.Body)

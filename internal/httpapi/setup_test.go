@@ -251,8 +251,15 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	})
 	require.NoError(t, err)
 	if !o.noWorkers {
+		relayCtx, stopRelay := context.WithCancel(ctx)
+		var relaying sync.WaitGroup
+		relay := outbox.Relay{Pool: pool, Batch: 100, Interval: 10 * time.Millisecond,
+			OnError: func(err error) { t.Logf("outbox relay pass failed: %v", err) }}
+		relaying.Go(func() { relay.Run(relayCtx) })
 		giveUp := outbox.StartWhenReachable(ctx, jobs, func(err error) { t.Logf("outbox workers not started yet: %v", err) })
 		t.Cleanup(func() {
+			stopRelay()
+			relaying.Wait()
 			giveUp()
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -440,6 +447,36 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	var n int
 	require.NoError(t, b.admin.QueryRow(context.Background(), sql, args...).Scan(&n))
 	return n
+}
+
+// jobs counts the outbox's jobs that match where (on kind and args),
+// wherever they are: in River's table, or in outbox_jobs still waiting for
+// the relay. A row the relay has copied but not yet deleted counts once.
+func (b *testBundle) jobs(t *testing.T, where string, args ...any) int {
+	t.Helper()
+	return b.count(t, `
+		SELECT (SELECT count(*) FROM river_job WHERE `+where+`)
+		     + (SELECT count(*) FROM outbox_jobs o WHERE `+where+` AND NOT EXISTS (
+		            SELECT FROM river_job j WHERE j.unique_key = convert_to('outbox:', 'UTF8') || uuid_send(o.id)))`, args...)
+}
+
+// unfinished counts the outbox's jobs of kind not yet completed: waiting
+// for the relay, or in River's table in any other state.
+func (b *testBundle) unfinished(t *testing.T, kind string) int {
+	t.Helper()
+	return b.count(t, `
+		SELECT (SELECT count(*) FROM river_job WHERE kind = $1 AND state <> 'completed')
+		     + (SELECT count(*) FROM outbox_jobs WHERE kind = $1)`, kind)
+}
+
+// deleteJobs deletes the outbox's jobs that match where (on kind and
+// args), wherever they are, as an operator or a lossy failover could.
+func (b *testBundle) deleteJobs(t *testing.T, where string, args ...any) {
+	t.Helper()
+	for _, table := range []string{"outbox_jobs", "river_job"} {
+		_, err := b.admin.Exec(context.Background(), `DELETE FROM `+table+` WHERE `+where, args...)
+		require.NoError(t, err)
+	}
 }
 
 // decode parses a JSON body into a map.

@@ -103,7 +103,7 @@ func (s *statementRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceB
 // principal_id (docs/scaling.md); principals and api_keys would be
 // reference tables, River's stay on the coordinator.
 var tenantTables = []string{"payments", "refunds", "events", "webhook_endpoints", "webhook_deliveries",
-	"webhook_endpoint_leases", "idempotency_keys", "idempotency_key_usage"}
+	"webhook_endpoint_leases", "idempotency_keys", "idempotency_key_usage", "outbox_jobs"}
 
 var (
 	mentionsTenantTable = regexp.MustCompile(`\b(` + strings.Join(tenantTables, "|") + `)\b`)
@@ -115,8 +115,9 @@ var (
 // design, each with why that is right for it. On a distributed PostgreSQL
 // they run on every shard, which is what they are for; docs/scaling.md
 // says how each is done there. (The security-definer functions the
-// service calls, reconciliation_candidates, reconciliation_backlog and
-// add_idempotency_key_claims, are cross-tenant too, and name no table in
+// service calls, reconciliation_candidates, reconciliation_backlog,
+// add_idempotency_key_claims, and the relay's outbox_pending and
+// outbox_relayed, are cross-tenant too, and name no table in
 // the text this test sees: docs/scaling.md lists them.)
 var crossTenant = []struct{ marker, why string }{
 	{"pg_total_relation_size('idempotency_keys'", "the key store's gauges: the size of the whole table, and the oldest live key over every principal"},

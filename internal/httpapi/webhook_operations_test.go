@@ -93,7 +93,7 @@ func TestWebhookEndpointIsEnabledAgain(t *testing.T) {
 	requireProblem(t, resend(), http.StatusConflict, "webhook-endpoint-disabled")
 	requireProblem(t, b.post(t, "/v1/webhook_endpoints/"+id+"/recover", k.Secret, "recover-1", `{"since": "2026-01-01T00:00:00Z"}`),
 		http.StatusConflict, "webhook-endpoint-disabled")
-	require.Zero(t, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'deliver_webhook' AND state <> 'completed'`))
+	require.Zero(t, b.unfinished(t, "deliver_webhook"))
 
 	r := b.patchEndpoint(t, k.Secret, id, `{"status": "enabled"}`)
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
@@ -159,10 +159,10 @@ func TestWebhookRecoverSendsAWindowAgain(t *testing.T) {
 		SELECT gen_random_uuid(), principal_id, 'payment.succeeded', '{"object": {}}', false, '2025-12-01'::timestamptz + n * interval '1 second'
 		FROM webhook_endpoints, generate_series(1, $2) AS n WHERE id = $1`, id, webhooks.MaxRecoverEvents+1)
 	require.NoError(t, err)
-	jobs := b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'deliver_webhook'`)
+	jobs := b.jobs(t, `kind = 'deliver_webhook'`)
 	requireProblem(t, b.post(t, "/v1/webhook_endpoints/"+id+"/recover", k.Secret, "recover-all", `{"since": "2025-11-01T00:00:00Z"}`),
 		http.StatusUnprocessableEntity, "too-many-events-to-recover")
-	require.Equal(t, jobs, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'deliver_webhook'`), "nothing was queued")
+	require.Equal(t, jobs, b.jobs(t, `kind = 'deliver_webhook'`), "nothing was queued")
 	r = b.post(t, "/v1/webhook_endpoints/"+id+"/recover", k.Secret, "recover-part", `{"since": "2025-11-01T00:00:00Z", "until": "2025-12-01T00:00:11Z"}`)
 	require.Equal(t, http.StatusAccepted, r.Status, "%s", r.Body)
 	require.EqualValues(t, 10, decode(t, r.Body)["queued"])

@@ -291,7 +291,7 @@ func TestWebhookGoneDisablesTheEndpoint(t *testing.T) {
 
 	b.createPayment(t, k.Secret, 2000)
 	b.listed(t, "/v1/events", k.Secret, 2)
-	require.Zero(t, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'deliver_webhook' AND state <> 'completed'`),
+	require.Zero(t, b.unfinished(t, "deliver_webhook"),
 		"no delivery was queued for the disabled endpoint")
 	require.Len(t, rc.deliveries(), 1)
 }

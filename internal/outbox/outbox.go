@@ -1,9 +1,14 @@
-// Package outbox runs the transactional outbox: jobs that a request inserts
-// into its own transaction (River, on the same PostgreSQL), worked after the
-// transaction commits. A job exists if and only if the request committed, so
-// an external effect is never lost and never started for a request that
-// rolled back. Workers repeat a job until it records its outcome, so what a
-// job calls must be idempotent: the processor's calls carry keys.
+// Package outbox runs the transactional outbox: jobs that a request writes
+// in its own transaction, worked after the transaction commits. A job exists
+// if and only if the request committed, so an external effect is never lost
+// and never started for a request that rolled back. Workers repeat a job
+// until it records its outcome, so what a job calls must be idempotent: the
+// processor's calls carry keys.
+//
+// A request writes its job into outbox_jobs, a table distributed like the
+// payment it acts on, so that on Citus the two commit on one shard, in one
+// transaction; the Relay copies it into River's table, where River's
+// workers take it (docs/architecture.md, "The outbox").
 package outbox
 
 import (
@@ -43,18 +48,16 @@ const (
 )
 
 // Queuer adds a job to a batch of the transaction that makes the job's
-// reason (a payment, a refund): the job commits with it, or neither does.
-// A domain package needs nothing else of River to enqueue.
+// reason (a payment, a refund) for principal: the job commits with it, or
+// neither does. A domain package needs nothing else of River to enqueue.
 type Queuer interface {
-	Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) error
+	Queue(ctx context.Context, b *pgx.Batch, principal uuid.UUID, args river.JobArgs) error
 }
 
 // Writer queues processor jobs (QueueProcessor) as one plain INSERT into
-// River's table, so the job travels in the same round trip as the row it
-// acts on (River's InsertTx
-// would be a round trip of its own). River works a row inserted this way
-// like one of its own: the workers poll for available jobs (PollOnly), so
-// nothing needs notifying, and River's other clients insert by SQL too.
+// outbox_jobs, so the job travels in the same round trip as the row it acts
+// on (River's InsertTx would be a round trip of its own) and, on Citus, to
+// the same shard.
 type Writer struct {
 	// MaxAttempts is each job's retry budget (OUTBOX_MAX_ATTEMPTS), which
 	// River would otherwise take from its client's configuration.
@@ -64,7 +67,7 @@ type Writer struct {
 // Queue implements Queuer. The job's metadata carries the request's
 // traceparent, as otelriver's insert middleware would write it, so every
 // attempt of the job is traced in the request's trace (requestTrace).
-func (w Writer) Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) error {
+func (w Writer) Queue(ctx context.Context, b *pgx.Batch, principal uuid.UUID, args river.JobArgs) error {
 	raw, err := json.Marshal(args)
 	if err != nil {
 		return fmt.Errorf("encode %s job: %w", args.Kind(), err)
@@ -74,9 +77,9 @@ func (w Writer) Queue(ctx context.Context, b *pgx.Batch, args river.JobArgs) err
 		return fmt.Errorf("encode %s job metadata: %w", args.Kind(), err)
 	}
 	b.Queue(`
-		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
-		VALUES ($1, $2, $3, $4, $5, 'available')`,
-		raw, args.Kind(), w.MaxAttempts, meta, QueueProcessor)
+		INSERT INTO outbox_jobs (principal_id, id, args, kind, max_attempts, metadata, queue)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		principal, uuid.New(), raw, args.Kind(), w.MaxAttempts, meta, QueueProcessor)
 	return nil
 }
 
@@ -88,6 +91,57 @@ func Metadata(ctx context.Context) ([]byte, error) {
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	return json.Marshal(carrier)
+}
+
+// QueueEach adds to b one statement that writes a job of kind into queue
+// (outbox_jobs, as Writer does) for every row of query: its two columns are
+// the job's principal (the row's principal_id, so that on Citus the
+// statement stays on that principal's shard) and args (jsonb), each row's
+// args distinct; its own parameters start at $5 ($1 to $4 are the job's
+// attempts, metadata, queue, and the statement's nonce), and args are
+// those parameters. One statement, so a fan-out to many jobs stays one step
+// of its batch. ctx's trace goes into the jobs' metadata (Metadata).
+func QueueEach(ctx context.Context, b *pgx.Batch, kind, queue string, maxAttempts int, query string, args ...any) error {
+	params, err := eachParams(ctx, kind, queue, maxAttempts, args)
+	if err != nil {
+		return err
+	}
+	b.Queue(insertEachSQL(kind, query), params...)
+	return nil
+}
+
+// InsertEach is QueueEach run at once on db: it returns how many jobs it
+// inserted, for a request that answers with the count.
+func InsertEach(ctx context.Context, db database.DBTX, kind, queue string, maxAttempts int, query string, args ...any) (int64, error) {
+	params, err := eachParams(ctx, kind, queue, maxAttempts, args)
+	if err != nil {
+		return 0, err
+	}
+	tag, err := db.Exec(ctx, insertEachSQL(kind, query), params...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func eachParams(ctx context.Context, kind, queue string, maxAttempts int, args []any) ([]any, error) {
+	meta, err := Metadata(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s job metadata: %w", kind, err)
+	}
+	return append([]any{maxAttempts, meta, queue, uuid.New()}, args...), nil
+}
+
+// insertEachSQL names each row by a hash of the statement's nonce and the
+// row's args, not by the column's default, gen_random_uuid(): Citus pushes
+// an INSERT ... SELECT down to the shard only when it calls no volatile
+// function, and otherwise pulls the rows to the coordinator and copies them
+// back, which row-level security refuses ("COPY FROM not supported").
+func insertEachSQL(kind, query string) string {
+	return `
+		INSERT INTO outbox_jobs (principal_id, id, args, kind, max_attempts, metadata, queue)
+		SELECT j.principal_id, md5($4::text || j.args::text)::uuid, j.args, '` + kind + `', $1, $2, $3
+		FROM (` + query + `) AS j (principal_id, args)`
 }
 
 // Client is the River client: it inserts jobs and, when started, works them.

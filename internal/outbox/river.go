@@ -5,17 +5,14 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
 // This file and the SQL of this package are the only Go that reads or writes
-// River's table, river_job, by hand instead of through River's API: a job
-// inserted in the request's own batch (Writer.Queue), one inserted per row
-// of a query (QueueEach, the webhook fan-out), a job completed with its
-// answer (QueueComplete), the reconciler's question about a row's job
-// (Live), and the gauges. Migrations 10 and 16 (the reconciler's candidates
+// River's table, river_job, by hand instead of through River's API: the
+// relay's copy of outbox_jobs (Relay), a job completed with its answer
+// (QueueComplete), the reconciler's question about a row's job (Live), and
+// the gauges. Migrations 10 and 16 (the reconciler's candidates
 // before migration 23, the queues) and river_grants.sql name it too.
 
 // RiverSchema is the version of River's schema (rivermigrate's) that this
@@ -28,51 +25,18 @@ const RiverSchema = 8
 // riverColumns are river_job's columns that this package's SQL and the
 // migrations' use, with their types (format_type).
 var riverColumns = map[string]string{
-	"id":           "bigint",
-	"args":         "jsonb",
-	"kind":         "text",
-	"max_attempts": "smallint",
-	"metadata":     "jsonb",
-	"queue":        "text",
-	"state":        "river_job_state",
-	"created_at":   "timestamp with time zone",
-	"scheduled_at": "timestamp with time zone",
-	"finalized_at": "timestamp with time zone",
-}
-
-// QueueEach adds to b one statement that inserts a job of kind into queue,
-// available at once, for every row of query: its one column is the job's
-// args (jsonb), and its own parameters start at $4 ($1 to $3 are the job's
-// attempts, metadata and queue); args are those parameters. One statement,
-// so a fan-out to many jobs stays one step of its batch. ctx's trace goes
-// into the jobs' metadata (Metadata).
-func QueueEach(ctx context.Context, b *pgx.Batch, kind, queue string, maxAttempts int, query string, args ...any) error {
-	meta, err := Metadata(ctx)
-	if err != nil {
-		return fmt.Errorf("encode %s job metadata: %w", kind, err)
-	}
-	b.Queue(insertEachSQL(kind, query), append([]any{maxAttempts, meta, queue}, args...)...)
-	return nil
-}
-
-// InsertEach is QueueEach run at once on db: it returns how many jobs it
-// inserted, for a request that answers with the count.
-func InsertEach(ctx context.Context, db database.DBTX, kind, queue string, maxAttempts int, query string, args ...any) (int64, error) {
-	meta, err := Metadata(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("encode %s job metadata: %w", kind, err)
-	}
-	tag, err := db.Exec(ctx, insertEachSQL(kind, query), append([]any{maxAttempts, meta, queue}, args...)...)
-	if err != nil {
-		return 0, err
-	}
-	return tag.RowsAffected(), nil
-}
-
-func insertEachSQL(kind, query string) string {
-	return `
-		INSERT INTO river_job (args, kind, max_attempts, metadata, queue, state)
-		SELECT j.args, '` + kind + `', $1, $2, $3, 'available' FROM (` + query + `) AS j (args)`
+	"id":            "bigint",
+	"args":          "jsonb",
+	"kind":          "text",
+	"max_attempts":  "smallint",
+	"metadata":      "jsonb",
+	"queue":         "text",
+	"state":         "river_job_state",
+	"created_at":    "timestamp with time zone",
+	"scheduled_at":  "timestamp with time zone",
+	"finalized_at":  "timestamp with time zone",
+	"unique_key":    "bytea",
+	"unique_states": "bit(8)",
 }
 
 // OldestUnfinished returns how long ago the oldest job of kind that has not

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // noJob is an outbox that inserts nothing: the payment write alone.
 type noJob struct{}
 
-func (noJob) Queue(context.Context, *pgx.Batch, river.JobArgs) error { return nil }
+func (noJob) Queue(context.Context, *pgx.Batch, uuid.UUID, river.JobArgs) error { return nil }
 
 // BenchmarkOutbox measures what the charge job costs the payment's
 // transaction: the same payment insert, in its own transaction as the

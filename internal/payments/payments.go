@@ -181,7 +181,7 @@ func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, c CreateParam
 		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at, request_id, idempotency_key, processor_key)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.ID, req.IdempotencyKey, p.ProcessorKey)
-	if err := jobs.Queue(ctx, b, ChargeArgs{PaymentID: p.ID, Principal: principal}); err != nil {
+	if err := jobs.Queue(ctx, b, principal, ChargeArgs{PaymentID: p.ID, Principal: principal}); err != nil {
 		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
 	}
 	return p, nil

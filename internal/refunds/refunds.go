@@ -177,7 +177,7 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, c
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
 		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey, r.ChargeID)
 	payments.QueueAddRefunded(b, principal, p.ID, r.Amount)
-	if err := jobs.Queue(ctx, b, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
+	if err := jobs.Queue(ctx, b, principal, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
 		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
 	}
 	return r, nil

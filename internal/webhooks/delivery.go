@@ -56,9 +56,9 @@ type Fanout struct {
 func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid.UUID) error {
 	// No event (the change was already made): no row joins, no job.
 	return outbox.QueueEach(ctx, b, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
-		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
+		SELECT e.principal_id, jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
 		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id AND w.status = 'enabled'
-		WHERE e.principal_id = $4 AND w.principal_id = $4 AND e.id = $5
+		WHERE e.principal_id = $5 AND w.principal_id = $5 AND e.id = $6
 		  AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))`, principal, eventID)
 }
 

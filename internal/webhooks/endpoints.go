@@ -328,8 +328,8 @@ func (f Fanout) Redeliver(ctx context.Context, tx pgx.Tx, principal, id, eventID
 		return err
 	}
 	n, err := outbox.InsertEach(ctx, tx, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
-		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', $5::uuid, 'principal_id', e.principal_id)
-		FROM events e WHERE e.principal_id = $4 AND e.id = $6`, principal, id, eventID)
+		SELECT e.principal_id, jsonb_build_object('event_id', e.id, 'endpoint_id', $6::uuid, 'principal_id', e.principal_id)
+		FROM events e WHERE e.principal_id = $5 AND e.id = $7`, principal, id, eventID)
 	if err != nil {
 		return fmt.Errorf("redeliver event: %w", err)
 	}
@@ -365,10 +365,10 @@ func (f Fanout) Recover(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID,
 		return 0, ErrTooManyEvents
 	}
 	n, err = outbox.InsertEach(ctx, tx, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
-		SELECT jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
+		SELECT e.principal_id, jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
 		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id
-		WHERE e.principal_id = $4 AND w.principal_id = $4 AND w.id = $5
-		  AND e.created_at >= $6 AND e.created_at < $7
+		WHERE e.principal_id = $5 AND w.principal_id = $5 AND w.id = $6
+		  AND e.created_at >= $7 AND e.created_at < $8
 		  AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))
 		ORDER BY e.created_at, e.id`, principal, id, since, until)
 	if err != nil {

@@ -9,7 +9,7 @@ DO $$
 DECLARE
     tenant_tables text[] := ARRAY['payments', 'refunds', 'events', 'webhook_endpoints',
                                   'webhook_deliveries', 'webhook_endpoint_leases',
-                                  'idempotency_keys', 'idempotency_key_usage'];
+                                  'idempotency_keys', 'idempotency_key_usage', 'outbox_jobs'];
     partitions int := 8;
     t text;
     old text;
