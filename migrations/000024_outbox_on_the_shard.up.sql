@@ -37,6 +37,9 @@ GRANT INSERT ON outbox_jobs TO payments_app;
 CREATE POLICY outbox_jobs_definer_read ON outbox_jobs FOR SELECT TO payments_definer USING (true);
 CREATE POLICY outbox_jobs_definer_relayed ON outbox_jobs FOR DELETE TO payments_definer USING (true);
 GRANT SELECT, DELETE ON outbox_jobs TO payments_definer;
+-- The gauges (maintenance role) read how many wait and since when, no more.
+CREATE POLICY outbox_jobs_maintenance_read ON outbox_jobs FOR SELECT TO payments_maintenance USING (true);
+GRANT SELECT (created_at) ON outbox_jobs TO payments_maintenance;
 
 -- The relay's two cross-tenant statements, as functions of the definer
 -- role, so that the service role itself reads no other tenant's rows. On

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -36,21 +37,8 @@ import (
 // step failed on Citus once, as its comment says. What does not work there
 // yet (the key store's gauges) is in docs/scaling.md.
 func TestPaymentsOnCitus(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short skips it: starts a Citus cluster of three PostgreSQL servers, about 15 s")
-	}
-	lib, err := exec.Command("pg_config", "--pkglibdir").Output()
-	require.NoError(t, err, "pg_config (postgresql-server-dev or libpq-dev) is needed to find Citus")
-	_, err = os.Stat(filepath.Join(strings.TrimSpace(string(lib)), "citus.so"))
-	require.NoError(t, err, "Citus is not installed for this PostgreSQL: run scripts/citus-cluster build (about 4 minutes; .ci/run does)")
-	t.Parallel()
-
-	dir := filepath.Join(os.TempDir(), "citus-test-"+strconv.Itoa(os.Getpid()))
-	do := scriptRunner(t, "citus-cluster", "CITUS_DIR="+dir, "CITUS_PORT=26360")
-	t.Cleanup(func() { do("down") })
-	do("up")
-
-	url := func(role string) string { return "postgres://" + role + "@127.0.0.1:26360/payments?sslmode=disable" }
+	c := startCitus(t, 26360)
+	url, admin, dir := c.url, c.admin, c.dir
 	addr := freeAddr(t)
 	getenv := env(map[string]string{
 		"ADDR": addr, "METRICS_ADDR": "off", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
@@ -61,17 +49,6 @@ func TestPaymentsOnCitus(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	require.NoError(t, run(ctx, []string{"migrate", "up"}, getenv, io.Discard))
-	// As docs/scaling.md runs it: with psql, a statement at a time (ALTER
-	// SYSTEM refuses a transaction block).
-	psql, err := exec.CommandContext(ctx, "psql", url("postgres"), "-v", "ON_ERROR_STOP=1", "-qf", "../../docker/citus/distribute.sql").CombinedOutput()
-	require.NoError(t, err, "distribute.sql: %s", psql)
-	admin, err := pgx.Connect(ctx, url("postgres"))
-	require.NoError(t, err)
-	defer admin.Close(context.Background())
-	var shards int
-	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM citus_shards WHERE table_name = 'idempotency_keys'::regclass`).Scan(&shards))
-	require.Positive(t, shards, "the key table is distributed")
 
 	var out bytes.Buffer
 	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write,payments:read,events:read,webhooks:write"}, getenv, &out))
@@ -159,7 +136,7 @@ func TestPaymentsOnCitus(t *testing.T) {
 
 	// Past its window the key is taken over (the take-over's UPDATE, which
 	// ended in RETURNING now() too): a new payment, not a replay.
-	_, err = admin.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`)
+	_, err := admin.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
 	late, lateBody := call(http.MethodPost, "/v1/payments", `{"amount": 1000, "currency": "usd"}`)
 	require.Equal(t, http.StatusCreated, late.StatusCode, lateBody)
@@ -220,4 +197,173 @@ func TestPaymentsOnCitus(t *testing.T) {
 		require.Zero(t, strings.Count(string(log), "there is already a transaction in progress"), "warnings in %s's log", worker)
 	}
 	require.NotContains(t, logs.String(), `"level":"ERROR"`, "the service's log")
+}
+
+// citusCluster is a Citus cluster of the test's own (scripts/citus-cluster:
+// a coordinator on port and two workers on the next two), migrated and
+// distributed as docs/scaling.md says, with a superuser's connection to the
+// coordinator.
+type citusCluster struct {
+	dir   string
+	do    func(args ...string) string
+	url   func(role string) string
+	admin *pgx.Conn
+}
+
+func startCitus(t *testing.T, port int) citusCluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short skips it: starts a Citus cluster of three PostgreSQL servers, about 15 s")
+	}
+	lib, err := exec.Command("pg_config", "--pkglibdir").Output()
+	require.NoError(t, err, "pg_config (postgresql-server-dev or libpq-dev) is needed to find Citus")
+	_, err = os.Stat(filepath.Join(strings.TrimSpace(string(lib)), "citus.so"))
+	require.NoError(t, err, "Citus is not installed for this PostgreSQL: run scripts/citus-cluster build (about 4 minutes; .ci/run does)")
+	t.Parallel()
+
+	c := citusCluster{dir: filepath.Join(os.TempDir(), "citus-test-"+strconv.Itoa(os.Getpid())+"-"+strconv.Itoa(port))}
+	c.do = scriptRunner(t, "citus-cluster", "CITUS_DIR="+c.dir, "CITUS_PORT="+strconv.Itoa(port))
+	t.Cleanup(func() { c.do("down") })
+	c.do("up")
+	c.url = func(role string) string {
+		return "postgres://" + role + "@127.0.0.1:" + strconv.Itoa(port) + "/payments?sslmode=disable"
+	}
+	ctx := context.Background()
+	getenv := env(map[string]string{"DATABASE_URL": c.url("payments_app"), "MIGRATE_DATABASE_URL": c.url("postgres")})
+	require.NoError(t, run(ctx, []string{"migrate", "up"}, getenv, io.Discard))
+	// As docs/scaling.md runs it: with psql, a statement at a time (ALTER
+	// SYSTEM refuses a transaction block).
+	psql, err := exec.CommandContext(ctx, "psql", c.url("postgres"), "-v", "ON_ERROR_STOP=1", "-qf", "../../docker/citus/distribute.sql").CombinedOutput()
+	require.NoError(t, err, "distribute.sql: %s", psql)
+	c.admin, err = pgx.Connect(ctx, c.url("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.admin.Close(context.Background()) })
+	var shards int
+	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM citus_shards WHERE table_name = 'idempotency_keys'::regclass`).Scan(&shards))
+	require.Positive(t, shards, "the key table is distributed")
+	return c
+}
+
+// A payment committed on its worker while the coordinator dies. Tried by
+// hand for issue #33: with the charge job in the coordinator's river_job,
+// stopping the coordinator (pg_ctl -m immediate) while the worker's COMMIT
+// waited left a payment processing, its key completed with 201, and no
+// charge job; nothing ever charged it. The job is now a row of outbox_jobs
+// on the payment's shard, committed with the payment: once the coordinator
+// is back, the relay hands it to River and the payment is charged, once.
+//
+// The worker's COMMIT is held by a synchronous standby that does not exist
+// (synchronous_standby_names = 'ghost'): it is written on the worker and
+// waits there, as a COMMIT does while its standby is slow, until the
+// setting is reset after the kill.
+func TestACoordinatorLostWhileAWorkerCommitsLosesNoCharge(t *testing.T) {
+	c := startCitus(t, 26364)
+	sim := simulator.New(simulator.Config{})
+	simSrv := httptest.NewServer(sim)
+	t.Cleanup(simSrv.Close)
+	addr := freeAddr(t)
+	getenv := env(map[string]string{
+		"ADDR": addr, "METRICS_ADDR": "off", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
+		"PROCESSOR_URL":            simSrv.URL,
+		"DATABASE_URL":             c.url("payments_app"),
+		"MIGRATE_DATABASE_URL":     c.url("postgres"),
+		"MAINTENANCE_DATABASE_URL": c.url("payments_maintenance"),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write,payments:read"}, getenv, &out))
+	var key struct{ Secret string }
+	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
+	done := make(chan error, 1)
+	var logs syncBuffer
+	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("service log:\n%s", logs.String())
+		}
+	})
+	waitOK(t, "http://"+addr+"/healthz")
+	pay := func(timeout time.Duration) (int, string, error) {
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1000, "currency": "usd"}`))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+key.Secret)
+		req.Header.Set("Idempotency-Key", "order-lost-coordinator")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := (&http.Client{Timeout: timeout}).Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw), err
+	}
+
+	workers := make([]*pgx.Conn, 2)
+	for i := range workers {
+		conn, err := pgx.Connect(ctx, strings.Replace(c.url("postgres"), ":26364/", ":"+strconv.Itoa(26365+i)+"/", 1))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		workers[i] = conn
+	}
+	holdCommits := func(hold bool) {
+		for _, w := range workers {
+			sql := `ALTER SYSTEM RESET synchronous_standby_names`
+			if hold {
+				sql = `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`
+			}
+			_, err := w.Exec(ctx, sql)
+			require.NoError(t, err)
+			_, err = w.Exec(ctx, `SELECT pg_reload_conf()`)
+			require.NoError(t, err)
+		}
+	}
+	holdCommits(true)
+	answered := make(chan string, 1)
+	go func() {
+		status, body, err := pay(30 * time.Second)
+		answered <- fmt.Sprintf("%d %s %v", status, body, err)
+	}()
+	require.Eventually(t, func() bool {
+		for _, w := range workers {
+			var waiting int
+			require.NoError(t, w.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&waiting))
+			if waiting > 0 {
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 20*time.Millisecond, "the payment's COMMIT never waited on its worker")
+	c.do("kill", "coordinator")
+	holdCommits(false)
+	c.do("start", "coordinator")
+	t.Logf("the first attempt's answer: %s", <-answered)
+
+	// The client retries with the same key: the key completed on the worker
+	// with the payment, so the retry is the stored 201.
+	var status int
+	var body string
+	require.Eventually(t, func() bool {
+		var err error
+		status, body, err = pay(10 * time.Second)
+		return err == nil && status != http.StatusServiceUnavailable
+	}, 30*time.Second, 200*time.Millisecond, "the retry never got an answer")
+	require.Equal(t, http.StatusCreated, status, body)
+	var p struct{ ID string }
+	require.NoError(t, json.Unmarshal([]byte(body), &p))
+
+	admin, err := pgx.Connect(ctx, c.url("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	require.Eventually(t, func() bool {
+		var status string
+		require.NoError(t, admin.QueryRow(ctx, `SELECT status FROM payments WHERE id = $1`, p.ID).Scan(&status))
+		return status == "succeeded"
+	}, 30*time.Second, 100*time.Millisecond, "the payment was never charged: its job was lost with the coordinator")
+	require.Equal(t, 1, sim.EffectsFor(p.ID), "charged once")
+	var payments int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&payments))
+	require.Equal(t, 1, payments, "one payment for the intent")
 }

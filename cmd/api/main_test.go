@@ -185,6 +185,7 @@ func TestServe(t *testing.T) {
 		"idempotency_sweeper_deleted_rows_total", "idempotency_sweeper_last_run_timestamp_seconds",
 		"http_server_request_duration_seconds", `http_route="/v1/payments"`,
 		"processor_livemode 0", "reconciliation_waiting", "reconciliation_oldest_waiting_age_seconds",
+		"outbox_relay_waiting", "outbox_relay_oldest_age_seconds",
 	} {
 		require.Contains(t, string(body), name)
 	}
@@ -353,17 +354,17 @@ func TestHelp(t *testing.T) {
 // scriptRunner returns a function that runs scripts/name with a verb (up,
 // down), env added to the environment, for at most two minutes, failing t
 // when it fails; it returns the script's trimmed output.
-func scriptRunner(t *testing.T, name string, env ...string) func(verb string) string {
+func scriptRunner(t *testing.T, name string, env ...string) func(args ...string) string {
 	t.Helper()
 	script, err := filepath.Abs("../../scripts/" + name)
 	require.NoError(t, err)
-	return func(verb string) string {
+	return func(args ...string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, script, verb)
+		cmd := exec.CommandContext(ctx, script, args...)
 		cmd.Env = append(os.Environ(), env...)
 		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s %s: %s", name, verb, out)
+		require.NoError(t, err, "%s %s: %s", name, strings.Join(args, " "), out)
 		return strings.TrimSpace(string(out))
 	}
 }

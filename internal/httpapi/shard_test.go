@@ -121,6 +121,7 @@ var (
 // the text this test sees: docs/scaling.md lists them.)
 var crossTenant = []struct{ marker, why string }{
 	{"pg_total_relation_size('idempotency_keys'", "the key store's gauges: the size of the whole table, and the oldest live key over every principal"},
+	{"min(created_at)), 0)::float8 FROM outbox_jobs", "the relay's gauges: how many jobs wait for the relay over every principal, and the oldest"},
 }
 
 // Every statement the service runs against a tenant table touches exactly

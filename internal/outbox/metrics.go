@@ -17,7 +17,8 @@ const instrumentationName = "github.com/payments-reference/idempotent-payments/i
 
 // RegisterMetrics reports the outbox's health, read from River's table with
 // pool (the maintenance role): jobs by state, the age of the oldest job
-// waiting to run (the outbox's lag), and what waits for reconciliation. Reads are cached for ttl so that a
+// waiting to run (the outbox's lag), the jobs still waiting for the relay,
+// and what waits for reconciliation. Reads are cached for ttl so that a
 // scrape storm costs one query.
 func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Duration) error {
 	m := mp.Meter(instrumentationName)
@@ -29,7 +30,11 @@ func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Dura
 		metric.WithDescription("Payments and refunds in requires_reconciliation: the processor's answer was never seen, and the reconciler has not settled them yet."))
 	oldest, err4 := m.Float64ObservableGauge("reconciliation_oldest_waiting_age_seconds",
 		metric.WithDescription("Age of the oldest payment or refund waiting for reconciliation; 0 when none waits."))
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	relayWaiting, err5 := m.Int64ObservableGauge("outbox_relay_waiting",
+		metric.WithDescription("Jobs written by requests (outbox_jobs) that the relay has not handed to River yet."))
+	relayOldest, err6 := m.Float64ObservableGauge("outbox_relay_oldest_age_seconds",
+		metric.WithDescription("Age of the oldest job waiting for the relay; 0 when none waits. Above a second, the relay is stuck or behind."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 		return fmt.Errorf("outbox gauges: %w", err)
 	}
 	g := &gauges{pool: pool, ttl: ttl}
@@ -44,8 +49,10 @@ func RegisterMetrics(mp metric.MeterProvider, pool *database.Pool, ttl time.Dura
 		o.ObserveFloat64(lag, s.lag)
 		o.ObserveInt64(waiting, s.waiting)
 		o.ObserveFloat64(oldest, s.oldestWaiting)
+		o.ObserveInt64(relayWaiting, s.relayWaiting)
+		o.ObserveFloat64(relayOldest, s.relayOldest)
 		return nil
-	}, jobs, lag, waiting, oldest)
+	}, jobs, lag, waiting, oldest, relayWaiting, relayOldest)
 	if err != nil {
 		return fmt.Errorf("outbox gauges callback: %w", err)
 	}
@@ -59,6 +66,8 @@ type snapshot struct {
 	lag           float64
 	waiting       int64
 	oldestWaiting float64
+	relayWaiting  int64
+	relayOldest   float64
 }
 
 type gauges struct {
@@ -101,7 +110,12 @@ func (g *gauges) get(ctx context.Context) (snapshot, bool) {
 			FROM river_job WHERE state = 'available' AND scheduled_at <= now()`).Scan(&s.lag); err != nil {
 			return err
 		}
-		// Across tenants, through a function: this role reads no tenant table.
+		// The jobs not relayed yet: a few rows, unless the relay is stuck.
+		if err := c.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM outbox_jobs`).
+			Scan(&s.relayWaiting, &s.relayOldest); err != nil {
+			return err
+		}
+		// Across tenants, through a function: this role reads no payment.
 		return c.QueryRow(ctx, `SELECT waiting, oldest_seconds FROM reconciliation_backlog()`).Scan(&s.waiting, &s.oldestWaiting)
 	})
 	g.at, g.last, g.ok = time.Now(), s, err == nil

@@ -28,7 +28,10 @@ type relayBundle struct {
 
 func newRelayBundle(t *testing.T, conns int) relayBundle {
 	t.Helper()
-	db := testdb.New(t, conns+1)
+	// The pool, the admin's connection, and one to spare: a pool
+	// connection the server has not yet seen close still counts against
+	// the database's limit ("too many connections" once under load).
+	db := testdb.New(t, conns+2)
 	ctx := context.Background()
 	pool, err := database.Open(ctx, db.AppURL, database.PoolConfig{MaxConns: int32(conns), AcquireTimeout: 10 * time.Second})
 	require.NoError(t, err)
