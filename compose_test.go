@@ -103,7 +103,7 @@ func TestComposeFile(t *testing.T) {
 	distribute, err := os.ReadFile("docker/citus/distribute.sql")
 	require.NoError(t, err)
 	require.Contains(t, string(distribute), "SELECT create_distributed_table('payments', 'principal_id');")
-	for _, table := range []string{"refunds", "events", "webhook_endpoints", "webhook_deliveries", "idempotency_keys", "idempotency_key_usage"} {
+	for _, table := range []string{"refunds", "events", "webhook_endpoints", "webhook_deliveries", "idempotency_keys", "idempotency_key_usage", "outbox_jobs"} {
 		require.Contains(t, string(distribute), "SELECT create_distributed_table('"+table+"', 'principal_id', colocate_with => 'payments');")
 	}
 	for _, table := range []string{"principals", "api_keys"} {

@@ -13,10 +13,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/config"
@@ -366,4 +368,138 @@ func TestACoordinatorLostWhileAWorkerCommitsLosesNoCharge(t *testing.T) {
 	var payments int
 	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&payments))
 	require.Equal(t, 1, payments, "one payment for the intent")
+}
+
+// A worker lost under load (kill -9, then started again 2 s later) while
+// clients make payments and retry each with its key until it is answered:
+// every intent gets its 201 once the worker is back, executes once (one
+// payment per intent), and every payment is charged once. The tenants of
+// the other worker go on meanwhile; the relay, whose read covers every
+// shard, stalls for all of them until the worker is back (docs/scaling.md).
+func TestAWorkerLostUnderLoadLosesNoPayment(t *testing.T) {
+	c := startCitus(t, 26368)
+	sim := simulator.New(simulator.Config{})
+	simSrv := httptest.NewServer(sim)
+	t.Cleanup(simSrv.Close)
+	addr := freeAddr(t)
+	getenv := env(map[string]string{
+		"ADDR": addr, "METRICS_ADDR": "off", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
+		"PROCESSOR_URL":            simSrv.URL,
+		"OUTBOX_RETRY_BASE":        "200ms", // a charge that met the dead worker is tried again soon
+		"OUTBOX_RETRY_MAX":         "1s",
+		"DATABASE_URL":             c.url("payments_app"),
+		"MIGRATE_DATABASE_URL":     c.url("postgres"),
+		"MAINTENANCE_DATABASE_URL": c.url("payments_maintenance"),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// Tenants on both workers: principals are created until each worker
+	// holds one's shard.
+	var secrets []string
+	onWorker := map[int]bool{}
+	for i := 0; len(onWorker) < 2 || len(secrets) < 4; i++ {
+		require.Less(t, i, 40, "no principal landed on one of the workers")
+		var out bytes.Buffer
+		require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "tenant-" + strconv.Itoa(i), "--scopes", "payments:write,payments:read"}, getenv, &out))
+		var key struct {
+			Secret    string
+			Principal string `json:"principal_id"`
+		}
+		require.NoError(t, json.Unmarshal(out.Bytes(), &key))
+		var port int
+		require.NoError(t, c.admin.QueryRow(ctx, `
+			SELECT nodeport FROM citus_shards
+			WHERE shardid = get_shard_id_for_distribution_column('payments', $1::uuid)`, key.Principal).Scan(&port))
+		onWorker[port] = true
+		secrets = append(secrets, key.Secret)
+	}
+	done := make(chan error, 1)
+	var logs syncBuffer
+	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("service log:\n%s", logs.String())
+		}
+	})
+	waitOK(t, "http://"+addr+"/healthz")
+
+	// pay sends one intent until it is answered with a status other than
+	// 503 (outcome unknown, or the database unreachable), for at most a
+	// minute, and returns the payment's id.
+	pay := func(secret, intent string) (string, error) {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1000, "currency": "usd"}`))
+			if err != nil {
+				return "", err
+			}
+			req.Header.Set("Authorization", "Bearer "+secret)
+			req.Header.Set("Idempotency-Key", intent)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+			if err == nil {
+				raw, rerr := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if rerr == nil && resp.StatusCode == http.StatusCreated {
+					var p struct{ ID string }
+					return p.ID, json.Unmarshal(raw, &p)
+				}
+				if rerr == nil && resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusConflict {
+					return "", fmt.Errorf("intent %s: %d %s", intent, resp.StatusCode, raw)
+				}
+			}
+			if time.Now().After(deadline) {
+				return "", fmt.Errorf("intent %s: no answer within a minute", intent)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	const clients = 8
+	stop := time.Now().Add(6 * time.Second)
+	var mu sync.Mutex
+	paymentOf := map[string]string{} // intent -> payment id
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			for n := 0; time.Now().Before(stop); n++ {
+				intent := fmt.Sprintf("client-%d-%d", i, n)
+				id, err := pay(secrets[(i+n)%len(secrets)], intent)
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				paymentOf[intent] = id
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(2 * time.Second)
+	c.do("kill", "worker1")
+	time.Sleep(2 * time.Second)
+	c.do("start", "worker1")
+	back := time.Now()
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("%d intents, each answered 201", len(paymentOf))
+
+	var payments int
+	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&payments))
+	require.Equal(t, len(paymentOf), payments, "one payment per intent")
+	require.Eventually(t, func() bool {
+		var undecided int
+		require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM payments WHERE status <> 'succeeded'`).Scan(&undecided))
+		return undecided == 0
+	}, time.Minute, 200*time.Millisecond, "payments never charged")
+	t.Logf("every payment charged %s after the worker was back", time.Since(back).Round(100*time.Millisecond))
+	for intent, id := range paymentOf {
+		require.Equal(t, 1, sim.EffectsFor(id), "intent %s charged once", intent)
+	}
+	for key, n := range sim.ReferencesPerKey() {
+		require.Equal(t, 1, n, "processor key %s charged for %d payments", key, n)
+	}
 }

@@ -382,8 +382,13 @@ func (p *Pool) heardSyncRepCancel(conn *pgxpool.Conn) bool {
 // a failover) may have made the commit durable before it died.
 func classifyCommit(err error) error {
 	var pgErr *pgconn.PgError
+	// A connection exception (class 08) or an internal error (class XX) at
+	// COMMIT is Citus's coordinator telling that a worker's connection broke
+	// while it committed ("could not commit transaction for shard ... on at
+	// least one active node", XX000): the worker may have committed first.
 	definite := errors.Is(err, pgx.ErrTxCommitRollback) || pgconn.SafeToRetry(err) ||
-		errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC"
+		errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC" &&
+			!strings.HasPrefix(pgErr.Code, "08") && !strings.HasPrefix(pgErr.Code, "XX")
 	if definite {
 		return Classify(err)
 	}
@@ -412,8 +417,12 @@ func Classify(err error) error {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		// A FATAL ends the session, and with it any open transaction:
-		// idle_in_transaction_session_timeout, a terminated backend.
-		if pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" {
+		// idle_in_transaction_session_timeout, a terminated backend. A
+		// connection exception (class 08) before COMMIT is Citus's
+		// coordinator losing a worker ("connection to the remote node ...
+		// failed"): the worker's part of the transaction ended with its
+		// connection.
+		if pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08") {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return err
