@@ -81,7 +81,7 @@ func TestComposeFile(t *testing.T) {
 
 	// The citus profile: off by default, the cluster joined, migrated and
 	// distributed before its API starts, which holds no owner credentials.
-	for _, name := range []string{"citus-coordinator", "citus-worker-1", "citus-worker-2", "citus-cluster", "citus-migrate", "citus-distribute", "citus-api"} {
+	for _, name := range []string{"citus-coordinator", "citus-worker-1", "citus-worker-2", "citus-cluster", "citus-migrate", "citus-api"} {
 		require.Equal(t, []string{"citus"}, compose.Services[name].Profiles, "service %s", name)
 	}
 	for name, s := range compose.Services {
@@ -90,24 +90,24 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	require.Equal(t, "service_completed_successfully", compose.Services["citus-migrate"].DependsOn["citus-cluster"].Condition)
-	require.Equal(t, "service_completed_successfully", compose.Services["citus-distribute"].DependsOn["citus-migrate"].Condition)
-	require.Equal(t, "service_completed_successfully", compose.Services["citus-api"].DependsOn["citus-distribute"].Condition)
+	require.Equal(t, "service_completed_successfully", compose.Services["citus-api"].DependsOn["citus-migrate"].Condition)
 	require.Contains(t, compose.Services["citus-migrate"].Environment["MIGRATE_DATABASE_URL"], "@citus-coordinator:5432/")
 	citusAPI := compose.Services["citus-api"].Environment
 	require.Empty(t, citusAPI["MIGRATE_DATABASE_URL"])
 	require.Equal(t, "false", citusAPI["MIGRATE_ON_START"])
 	require.Contains(t, citusAPI["DATABASE_URL"], "payments_app@citus-coordinator:5432/")
-	require.Contains(t, compose.Services["citus-distribute"].Volumes, "./docker/citus/distribute.sql:/distribute.sql:ro")
-	// Every tenant table distributed by principal, colocated with payments;
-	// the tables a request authenticates with, copied to every worker.
-	distribute, err := os.ReadFile("docker/citus/distribute.sql")
+	// citus-migrate distributes too (migrations/citus.sql, which
+	// TestPaymentsOnCitus runs on a real cluster): every tenant table by
+	// principal, colocated with payments; the tables a request
+	// authenticates with, copied to every worker.
+	distribute, err := os.ReadFile("migrations/citus.sql")
 	require.NoError(t, err)
-	require.Contains(t, string(distribute), "SELECT create_distributed_table('payments', 'principal_id');")
+	require.Contains(t, string(distribute), "SELECT create_distributed_table('payments', 'principal_id')")
 	for _, table := range []string{"refunds", "events", "webhook_endpoints", "webhook_deliveries", "idempotency_keys", "idempotency_key_usage", "outbox_jobs"} {
-		require.Contains(t, string(distribute), "SELECT create_distributed_table('"+table+"', 'principal_id', colocate_with => 'payments');")
+		require.Contains(t, string(distribute), "SELECT create_distributed_table('"+table+"', 'principal_id', colocate_with => 'payments')")
 	}
 	for _, table := range []string{"principals", "api_keys"} {
-		require.Contains(t, string(distribute), "SELECT create_reference_table('"+table+"');")
+		require.Contains(t, string(distribute), "SELECT create_reference_table('"+table+"')")
 	}
 	require.Contains(t, string(distribute), "citus.propagate_set_commands = 'local'")
 

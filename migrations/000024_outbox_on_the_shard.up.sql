@@ -6,7 +6,7 @@ BEGIN;
 -- coordinator's table and the payment is on a worker, and the two commit
 -- one after the other. A crash between them left a payment processing
 -- with no job. A job is now a row of outbox_jobs, distributed like the
--- payment (docker/citus/distribute.sql), written in the payment's own
+-- payment (migrations/citus.sql), written in the payment's own
 -- single-shard transaction; the relay (internal/outbox, Relay) copies it
 -- into River and then deletes it. The copy carries a unique key made from
 -- the row's id, so a relay that dies between the two enqueues nothing twice.

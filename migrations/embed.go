@@ -20,3 +20,12 @@ var FS embed.FS
 //
 //go:embed river_grants.sql
 var RiverGrants string
+
+// Citus distributes the tables by principal on a Citus cluster. Migrate
+// runs it after the numbered files and River's migrations, a statement at a
+// time, when the database has the citus extension; every statement can run
+// again. Its statements end with a semicolon at the end of a line, outside
+// $$ bodies.
+//
+//go:embed citus.sql
+var Citus string

@@ -31,8 +31,8 @@ import (
 
 // The payment path on a real Citus cluster (issue #33): a coordinator and
 // two workers (scripts/citus-cluster), the migrations, the distribution of
-// docker/citus/distribute.sql, then api serve against the coordinator. A
-// payment is created, its retry replayed byte for byte, read, listed,
+// migrations/citus.sql (both by api migrate up), then api serve against
+// the coordinator. A payment is created, its retry replayed byte for byte, read, listed,
 // charged and settled with its event; a late retry takes its key over; the
 // quota's flush counts the claims; the reconciler settles an undecided
 // payment; a revoked key stops working; and the service logs no error. Each
@@ -232,11 +232,11 @@ func startCitus(t *testing.T, port int) citusCluster {
 	}
 	ctx := context.Background()
 	getenv := env(map[string]string{"DATABASE_URL": c.url("payments_app"), "MIGRATE_DATABASE_URL": c.url("postgres")})
+	// As docs/scaling.md runs it: migrate up applies the migrations and, on
+	// a Citus coordinator, distributes the tables (migrations/citus.sql).
+	// Twice: the second run finds everything done and changes nothing.
 	require.NoError(t, run(ctx, []string{"migrate", "up"}, getenv, io.Discard))
-	// As docs/scaling.md runs it: with psql, a statement at a time (ALTER
-	// SYSTEM refuses a transaction block).
-	psql, err := exec.CommandContext(ctx, "psql", c.url("postgres"), "-v", "ON_ERROR_STOP=1", "-qf", "../../docker/citus/distribute.sql").CombinedOutput()
-	require.NoError(t, err, "distribute.sql: %s", psql)
+	require.NoError(t, run(ctx, []string{"migrate", "up"}, getenv, io.Discard), "a second migrate up on the distributed schema")
 	c.admin, err = pgx.Connect(ctx, c.url("postgres"))
 	require.NoError(t, err)
 	t.Cleanup(func() { c.admin.Close(context.Background()) })

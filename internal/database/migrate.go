@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
 	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // registers pgx5://
@@ -43,7 +44,70 @@ func Migrate(ctx context.Context, ownerURL string) error {
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		return fmt.Errorf("apply migrations: %w", err)
 	}
-	return migrateRiver(ctx, ownerURL)
+	if err := migrateRiver(ctx, ownerURL); err != nil {
+		return err
+	}
+	return distributeOnCitus(ctx, ownerURL)
+}
+
+// distributeOnCitus runs migrations.Citus when the database is a Citus
+// coordinator (it has the citus extension): the tables spread over the
+// workers by principal, as part of the migrations rather than a script
+// an operator must remember, and a table a later migration adds is
+// distributed by the same command. Each statement runs on its own (ALTER
+// SYSTEM refuses a transaction block); a database without Citus is left as
+// it is.
+func distributeOnCitus(ctx context.Context, ownerURL string) error {
+	conn, err := pgx.Connect(ctx, ownerURL)
+	if err != nil {
+		return fmt.Errorf("connect to distribute: %w", Classify(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var citus bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return fmt.Errorf("look for citus: %w", err)
+	}
+	if !citus {
+		return nil
+	}
+	for _, stmt := range Statements(migrations.Citus) {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("distribute on Citus: %w\n%s", err, stmt)
+		}
+	}
+	return nil
+}
+
+// Statements splits sql into statements at each semicolon that ends a line
+// outside a $$-quoted body and outside a comment line, leaving out what
+// holds only comments and space.
+func Statements(sql string) []string {
+	var out []string
+	var cur strings.Builder
+	inBody := false
+	for line := range strings.Lines(sql) {
+		cur.WriteString(line)
+		if strings.HasPrefix(strings.TrimSpace(line), "--") {
+			continue // a comment's $$ or semicolon is text
+		}
+		if strings.Count(line, "$$")%2 == 1 {
+			inBody = !inBody
+		}
+		if !inBody && strings.HasSuffix(strings.TrimRight(line, " \t\r\n"), ";") {
+			out = appendStatement(out, cur.String())
+			cur.Reset()
+		}
+	}
+	return appendStatement(out, cur.String())
+}
+
+func appendStatement(out []string, stmt string) []string {
+	for line := range strings.Lines(stmt) {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "--") {
+			return append(out, strings.TrimSpace(stmt))
+		}
+	}
+	return out
 }
 
 // migrateRiver creates or upgrades River's tables, the outbox's job queue, to

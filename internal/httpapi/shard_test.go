@@ -158,7 +158,7 @@ func TestEveryStatementRoutesToOnePartition(t *testing.T) {
 		FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE a.attname = 'principal_id' AND n.nspname = 'public' AND c.relkind IN ('r', 'p')
 		  AND NOT c.relispartition AND c.relname <> 'api_keys'`).Scan(&withPrincipal))
-	require.ElementsMatch(t, tenantTables, withPrincipal, "tables with a principal_id that are not partitioned (testdata/partition_by_principal.sql, docker/citus/distribute.sql)")
+	require.ElementsMatch(t, tenantTables, withPrincipal, "tables with a principal_id that are not partitioned (testdata/partition_by_principal.sql, migrations/citus.sql)")
 	k := b.newKey(t, "shard-a", append(allScopes, auth.ScopeEventsRead, auth.ScopeWebhooksWrite)...)
 	b.newKey(t, "shard-b", allScopes...) // a second principal for the sweepers to walk
 

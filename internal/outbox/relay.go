@@ -31,28 +31,39 @@ type Relay struct {
 	// Interval is the wait after a pass that found fewer than Batch jobs.
 	// It is most of what the relay adds to a charge's lag.
 	Interval time.Duration
-	// OnError hears a pass that failed; the relay tries again after
-	// Interval.
+	// OnError hears a pass that failed; the relay tries again after twice
+	// the last wait, up to 5 s.
 	OnError func(error)
 }
 
 // relayLock is the advisory lock key of a relay pass ('outbox' in ASCII).
 const relayLock = 0x6f7574626f78
 
+// maxRelayBackoff bounds the wait after failed passes: a database that is
+// down is asked again every few seconds, not every Interval, and the log
+// gets a line per try, not twenty a second.
+const maxRelayBackoff = 5 * time.Second
+
 // Run relays until ctx ends.
 func (r Relay) Run(ctx context.Context) {
+	wait := r.Interval
 	for {
 		n, err := r.Once(ctx)
-		if err != nil && ctx.Err() == nil && r.OnError != nil {
-			r.OnError(err)
-		}
-		if n >= r.Batch && err == nil {
+		switch {
+		case err != nil:
+			if ctx.Err() == nil && r.OnError != nil {
+				r.OnError(err)
+			}
+			wait = min(2*wait, maxRelayBackoff)
+		case n >= r.Batch:
 			continue // more may wait
+		default:
+			wait = r.Interval
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(r.Interval):
+		case <-time.After(wait):
 		}
 	}
 }

@@ -1,0 +1,42 @@
+package database_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/migrations"
+)
+
+// The distribution runs a statement at a time: each create_distributed_table
+// on its own, the trigger function whole (its body has semicolons of its
+// own), ALTER SYSTEM outside any transaction block.
+func TestCitusDistributionSplitsIntoStatements(t *testing.T) {
+	t.Parallel()
+	stmts := database.Statements(migrations.Citus)
+	var distributed, triggers, functions int
+	for _, s := range stmts {
+		body := s
+		for body = strings.TrimSpace(body); strings.HasPrefix(body, "--"); body = strings.TrimSpace(body) {
+			_, body, _ = strings.Cut(body, "\n") // the comments above it
+		}
+		switch {
+		case strings.HasPrefix(body, "SELECT create_distributed_table("):
+			distributed++
+		case strings.HasPrefix(body, "CREATE OR REPLACE TRIGGER"):
+			triggers++
+		case strings.HasPrefix(body, "CREATE OR REPLACE FUNCTION set_worker_xid()"):
+			require.True(t, strings.HasSuffix(body, "$$;"), "the function is one statement:\n%s", body)
+			require.Contains(t, body, "RETURN NEW;")
+			functions++
+		}
+	}
+	require.Equal(t, 1, functions)
+	require.Equal(t, 9, distributed, "payments and the eight tables colocated with it")
+	require.Equal(t, 5, triggers)
+	require.True(t, strings.HasPrefix(stmts[len(stmts)-2], "-- The tenant a request's SET LOCAL"))
+	require.True(t, strings.HasSuffix(stmts[len(stmts)-2], "ALTER SYSTEM SET citus.propagate_set_commands = 'local';"))
+	require.Equal(t, "SELECT pg_reload_conf();", stmts[len(stmts)-1])
+}
