@@ -49,15 +49,15 @@ func (r Relay) Run(ctx context.Context) {
 	wait := r.Interval
 	for {
 		n, err := r.Once(ctx)
+		if err != nil && ctx.Err() == nil && r.OnError != nil {
+			r.OnError(err)
+		}
 		switch {
-		case err != nil:
-			if ctx.Err() == nil && r.OnError != nil {
-				r.OnError(err)
-			}
+		case err != nil && n == 0:
 			wait = min(2*wait, maxRelayBackoff)
-		case n >= r.Batch:
+		case err == nil && n >= r.Batch:
 			continue // more may wait
-		default:
+		default: // copied, even if its delete failed: no reason to slow down
 			wait = r.Interval
 		}
 		select {
@@ -90,7 +90,8 @@ const relaySQL = `
 	SELECT principal_id, id FROM pending`
 
 // Once runs one pass: it copies up to Batch jobs into River, deletes them
-// from outbox_jobs, and returns how many it read. It reads none while
+// from outbox_jobs, and returns how many it read, with the delete's error
+// if only that failed (the jobs are in River then). It reads none while
 // another relay's pass holds the lock.
 func (r Relay) Once(ctx context.Context) (int, error) {
 	var principals, ids []uuid.UUID
@@ -116,12 +117,18 @@ func (r Relay) Once(ctx context.Context) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	err = r.Pool.WithConn(ctx, func(db database.DBTX) error {
-		_, err := db.Exec(ctx, `SELECT outbox_relayed($1, $2)`, principals, ids)
+	// A row the delete cannot lock within a second (a transaction holds it:
+	// on Citus, a two-phase commit a dead worker left prepared holds its
+	// rows until the coordinator's recovery, up to a minute) fails this
+	// delete only. The rows stay, the next pass copies them again (the
+	// unique key keeps them out of River) and copies the newer ones too, so
+	// the charges behind them go on.
+	err = database.InTx(ctx, r.Pool, database.TxOptions{LockTimeout: time.Second}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT outbox_relayed($1, $2)`, principals, ids)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("delete relayed outbox jobs: %w", err)
+		return len(ids), fmt.Errorf("delete relayed outbox jobs: %w", err)
 	}
 	return len(ids), nil
 }

@@ -131,3 +131,30 @@ func TestConcurrentRelaysEnqueueEachJobOnce(t *testing.T) {
 	require.Equal(t, writers*perWriter, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'relay_test'`))
 	require.Equal(t, writers*perWriter, b.count(t, `SELECT count(DISTINCT args->>'n') FROM river_job WHERE kind = 'relay_test'`))
 }
+
+// A row the relay cannot delete (a transaction holds its lock: on Citus, a
+// two-phase commit a dead worker left prepared) stops neither the relay nor
+// the jobs written after it: each pass copies them into River, and its
+// delete gives up after a second instead of waiting for the lock.
+func TestALockedOutboxRowDoesNotStopTheRelay(t *testing.T) {
+	t.Parallel()
+	b := newRelayBundle(t, 2)
+	ctx := context.Background()
+	principal := b.principal(t)
+	b.write(t, principal, 0, 1)
+	holder, err := b.admin.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, holder.Rollback(ctx)) }()
+	_, err = holder.Exec(ctx, `SELECT FROM outbox_jobs FOR UPDATE`)
+	require.NoError(t, err)
+
+	b.write(t, principal, 1, 2)
+	relay := Relay{Pool: b.pool, Batch: 10, Interval: time.Millisecond}
+	pass, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := relay.Once(pass)
+	require.Equal(t, 3, n, "the pass read the three")
+	require.ErrorContains(t, err, "delete relayed outbox jobs")
+	require.True(t, database.IsLockTimeout(err), "the delete gave up on the lock: %v", err)
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM river_job WHERE kind = 'relay_test'`), "the jobs behind the locked one reached River")
+}
