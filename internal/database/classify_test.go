@@ -11,7 +11,7 @@ import (
 // coordinator. Before COMMIT the worker's part of the transaction ended with
 // its connection: 503, no effect, retry. At COMMIT the worker may have
 // committed before its connection broke: the outcome is unknown. Found by
-// killing a worker under load (cmd/api's TestAWorkerLostUnderLoadLosesNoPayment):
+// killing a worker under load (cmd/api's TestNodesLostUnderLoadLoseNoPayment):
 // every request that met the dead worker answered 500.
 func TestARemoteNodeLostIsUnavailableOrUnknown(t *testing.T) {
 	t.Parallel()
