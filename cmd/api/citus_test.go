@@ -55,16 +55,6 @@ func TestPaymentsOnCitus(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	// The routing check on the engine itself: Citus warns of every
-	// statement it splits into tasks on several shards, and the service's
-	// roles have their warnings logged with the statement that met them
-	// (read at the end, multiTaskStatements).
-	for _, role := range []string{"payments_app", "payments_maintenance"} {
-		for _, set := range []string{"citus.multi_task_query_log_level = 'warning'", "log_min_error_statement = 'warning'"} {
-			_, err := admin.Exec(ctx, `ALTER ROLE `+role+` SET `+set)
-			require.NoError(t, err)
-		}
-	}
 
 	var out bytes.Buffer
 	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write,payments:read,events:read,webhooks:write"}, getenv, &out))
@@ -213,10 +203,18 @@ func TestPaymentsOnCitus(t *testing.T) {
 		require.Zero(t, strings.Count(string(log), "there is already a transaction in progress"), "warnings in %s's log", worker)
 	}
 	require.NotContains(t, logs.String(), `"level":"ERROR"`, "the service's log")
+	c.requireOneShard(t)
+}
 
-	// Every statement the service sent ran on one shard, but for the
-	// cross-tenant ones docs/scaling.md names.
-	coordinatorLog, err := os.ReadFile(filepath.Join(dir, "coordinator.log"))
+// requireOneShard checks that Citus planned every statement of the
+// service's roles on one shard, but for the cross-tenant ones
+// docs/scaling.md names (crossShard): the routing check on the engine
+// itself. Citus warns of every statement it splits into tasks on several
+// shards, and startCitus has the service roles' warnings logged with the
+// statement that met them.
+func (c citusCluster) requireOneShard(t *testing.T) {
+	t.Helper()
+	coordinatorLog, err := os.ReadFile(filepath.Join(c.dir, "coordinator.log"))
 	require.NoError(t, err)
 	multi := multiTaskStatements(string(coordinatorLog))
 	require.NotEmpty(t, multi, "the relay's read runs on every shard: no warning means the check is not on")
@@ -307,6 +305,14 @@ func startCitus(t *testing.T, port int) citusCluster {
 	var shards int
 	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM citus_shards WHERE table_name = 'idempotency_keys'::regclass`).Scan(&shards))
 	require.Positive(t, shards, "the key table is distributed")
+	// For requireOneShard: the service roles' multi-shard statements
+	// logged, each with its text.
+	for _, role := range []string{"payments_app", "payments_maintenance"} {
+		for _, set := range []string{"citus.multi_task_query_log_level = 'warning'", "log_min_error_statement = 'warning'"} {
+			_, err := c.admin.Exec(ctx, `ALTER ROLE `+role+` SET `+set)
+			require.NoError(t, err)
+		}
+	}
 	return c
 }
 

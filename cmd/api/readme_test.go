@@ -64,21 +64,44 @@ func TestREADMEWebhookWalkThroughRuns(t *testing.T) {
 	}
 }
 
+// The README's walk-through on a Citus cluster (issue #33), pasted as on
+// one server, against a service on the coordinator: every status the same.
+func TestREADMEWalkThroughRunsOnCitus(t *testing.T) {
+	c := startCitus(t, 26372)
+	block := readmeBlock(t, "## Walk-through with curl")
+	addr, vars := startServiceForREADME(t, c.url("payments_app"), c.url("postgres"), c.url("payments_maintenance"))
+	out := paste(t, block, vars, "BASE=http://"+addr)
+
+	status := regexp.MustCompile(`(?m)^HTTP/1\.1 (\d{3})`)
+	shown := regexp.MustCompile(`(?m)^# HTTP/1\.1 (\d{3})`)
+	require.Equal(t, matches(shown, block), matches(status, out), "statuses the README shows vs. what the service on Citus answered; output:\n%s", out)
+	c.requireOneShard(t)
+}
+
 // startForREADME starts the service on a database of its own and returns
 // where it listens, the settings a pasted `go run ./cmd/api keys` needs,
 // and the database; extra reserves connections for what the block starts.
 func startForREADME(t *testing.T, extra int) (string, map[string]string, testdb.DB) {
 	t.Helper()
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Fatal("the walk-through needs curl (apt-get install curl)")
-	}
 	// The service pool (4), the outbox's (2), the maintenance pool (3), and
 	// the owner connection of each `keys` command.
 	db := testdb.New(t, 10+extra)
+	addr, vars := startServiceForREADME(t, db.AppURL, db.OwnerURL, db.MaintenanceURL)
+	return addr, vars, db
+}
+
+// startServiceForREADME starts the service on the database the three URLs
+// name and returns where it listens and the settings a pasted `go run
+// ./cmd/api keys` needs.
+func startServiceForREADME(t *testing.T, appURL, ownerURL, maintenanceURL string) (string, map[string]string) {
+	t.Helper()
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatal("the walk-through needs curl (apt-get install curl)")
+	}
 	addr := freeAddr(t)
 	vars := map[string]string{
 		"ADDR": addr, "METRICS_ADDR": "off", "DB_MAX_CONNS": "4", "OUTBOX_DB_MAX_CONNS": "2",
-		"DATABASE_URL": db.AppURL, "MIGRATE_DATABASE_URL": db.OwnerURL, "MAINTENANCE_DATABASE_URL": db.MaintenanceURL,
+		"DATABASE_URL": appURL, "MIGRATE_DATABASE_URL": ownerURL, "MAINTENANCE_DATABASE_URL": maintenanceURL,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -88,7 +111,7 @@ func startForREADME(t *testing.T, extra int) (string, map[string]string, testdb.
 		require.NoError(t, <-done)
 	})
 	waitOK(t, "http://"+addr+"/readyz")
-	return addr, vars, db
+	return addr, vars
 }
 
 // paste runs block in bash -e at the repository's root, with the service's
