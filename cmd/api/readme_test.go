@@ -64,9 +64,10 @@ func TestREADMEWebhookWalkThroughRuns(t *testing.T) {
 	}
 }
 
-// The README's walk-through on a Citus cluster (issue #33), pasted as on
-// one server, against a service on the coordinator: every status the same.
-func TestREADMEWalkThroughRunsOnCitus(t *testing.T) {
+// The README's walk-throughs on a Citus cluster (issue #33), pasted as on
+// one server, against a service on the coordinator: every status the same,
+// and the webhook delivered and applied by the example receiver.
+func TestREADMEWalkThroughsRunOnCitus(t *testing.T) {
 	c := startCitus(t, 26372)
 	block := readmeBlock(t, "## Walk-through with curl")
 	addr, vars := startServiceForREADME(t, c.url("payments_app"), c.url("postgres"), c.url("payments_maintenance"))
@@ -75,6 +76,16 @@ func TestREADMEWalkThroughRunsOnCitus(t *testing.T) {
 	status := regexp.MustCompile(`(?m)^HTTP/1\.1 (\d{3})`)
 	shown := regexp.MustCompile(`(?m)^# HTTP/1\.1 (\d{3})`)
 	require.Equal(t, matches(shown, block), matches(status, out), "statuses the README shows vs. what the service on Citus answered; output:\n%s", out)
+
+	// The receiver keeps its own database on the coordinator, a plain one.
+	receiver := freeAddr(t)
+	pg, err := url.Parse(c.url("postgres"))
+	require.NoError(t, err)
+	pg.Path, pg.RawQuery = "", ""
+	out = paste(t, readmeBlock(t, "## Receiving webhooks"), vars, "BASE=http://"+addr, "PG="+pg.String(),
+		"RECEIVER="+receiver, "RECEIVER_DB=readme_receiver")
+	require.Contains(t, out, `"attempt":1,"status_code":200`, "the first delivery was not the one taken; output:\n%s", out)
+	require.Contains(t, out, "msg=applied", "the receiver did not apply the event; output:\n%s", out)
 	c.requireOneShard(t)
 }
 
