@@ -140,6 +140,30 @@ func TestPaymentsOnCitus(t *testing.T) {
 		return relayed == 1 && waiting == 0
 	}, 10*time.Second, 100*time.Millisecond, "the delivery is relayed into River, once")
 
+	// The endpoint's operations: its secret rotated, the event sent again
+	// by name and by window, its deliveries listed.
+	rotated, secret := call(http.MethodPost, "/v1/webhook_endpoints/"+ep.ID+"/rotate_secret", `{}`)
+	require.Equal(t, http.StatusOK, rotated.StatusCode, secret)
+	require.Contains(t, secret, `"secret":"whsec_`)
+	_, eventsPage := call(http.MethodGet, "/v1/events", "")
+	var events struct{ Data []struct{ ID string } }
+	require.NoError(t, json.Unmarshal([]byte(eventsPage), &events))
+	require.Len(t, events.Data, 1)
+	resent, queued := call(http.MethodPost, "/v1/webhook_endpoints/"+ep.ID+"/resend", `{"event_id": "`+events.Data[0].ID+`"}`)
+	require.Equal(t, http.StatusAccepted, resent.StatusCode, queued)
+	require.Contains(t, queued, `"queued":1`)
+	recovered, queued := call(http.MethodPost, "/v1/webhook_endpoints/"+ep.ID+"/recover", `{"since": "2026-01-01T00:00:00Z"}`)
+	require.Equal(t, http.StatusAccepted, recovered.StatusCode, queued)
+	require.Contains(t, queued, `"queued":1`)
+	require.Eventually(t, func() bool {
+		var relayed, waiting int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'deliver_webhook'`).Scan(&relayed))
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM outbox_jobs`).Scan(&waiting))
+		return relayed == 3 && waiting == 0
+	}, 10*time.Second, 100*time.Millisecond, "the resent and recovered deliveries are relayed into River")
+	listed, deliveries := call(http.MethodGet, "/v1/webhook_endpoints/"+ep.ID+"/deliveries", "")
+	require.Equal(t, http.StatusOK, listed.StatusCode, deliveries)
+
 	// Past its window the key is taken over (the take-over's UPDATE, which
 	// ended in RETURNING now() too): a new payment, not a replay.
 	_, err := admin.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`)
@@ -156,6 +180,22 @@ func TestPaymentsOnCitus(t *testing.T) {
 		_, now := call(http.MethodGet, "/v1/payments/"+lp.ID, "")
 		return strings.Contains(now, `"status":"succeeded"`)
 	}, 20*time.Second, 100*time.Millisecond, "the late payment is charged and settled")
+
+	// The list in pages of one, with its cursor: both payments, each once.
+	_, onePage := call(http.MethodGet, "/v1/payments?limit=1", "")
+	var page struct {
+		Data    []struct{ ID string }
+		HasMore bool `json:"has_more"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(onePage), &page))
+	require.Len(t, page.Data, 1, onePage)
+	require.True(t, page.HasMore, onePage)
+	seen := page.Data[0].ID
+	_, nextPage := call(http.MethodGet, "/v1/payments?limit=1&starting_after="+seen, "")
+	require.NoError(t, json.Unmarshal([]byte(nextPage), &page))
+	require.Len(t, page.Data, 1, nextPage)
+	require.False(t, page.HasMore, nextPage)
+	require.ElementsMatch(t, []string{p.ID, lp.ID}, []string{seen, page.Data[0].ID})
 
 	// The quota's flush adds the claims to idempotency_key_usage through
 	// add_idempotency_key_claims, a SECURITY DEFINER function: Citus reached
