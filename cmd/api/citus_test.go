@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -45,32 +46,16 @@ import (
 func TestPaymentsOnCitus(t *testing.T) {
 	c := startCitus(t, 26360)
 	url, admin, dir := c.url, c.admin, c.dir
-	addr := freeAddr(t)
-	getenv := env(map[string]string{
-		"ADDR": addr, "METRICS_ADDR": "off", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
+	addr, getenv := c.serviceEnv(t, map[string]string{
 		"IDEMPOTENCY_QUOTA_REFRESH": "200ms", // the quota's flush runs during the test
-		"DATABASE_URL":              url("payments_app"),
-		"MIGRATE_DATABASE_URL":      url("postgres"),
-		"MAINTENANCE_DATABASE_URL":  url("payments_maintenance"),
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 
 	var out bytes.Buffer
 	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write,payments:read,events:read,webhooks:write"}, getenv, &out))
 	var key struct{ Secret string }
 	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
-	done := make(chan error, 1)
-	var logs syncBuffer
-	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		if t.Failed() {
-			t.Logf("service log:\n%s", logs.String())
-		}
-	})
-	waitOK(t, "http://"+addr+"/healthz")
+	logs := serveUntilCleanup(t, addr, getenv)
 
 	call := func(method, path, body string) (*http.Response, string) {
 		req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
@@ -303,6 +288,40 @@ func multiTaskStatements(log string) []string {
 	return out
 }
 
+// serviceEnv is the settings of api serve on the cluster, on a free
+// address and with no webhook workers, and more (which win).
+func (c citusCluster) serviceEnv(t *testing.T, more map[string]string) (addr string, getenv func(string) string) {
+	t.Helper()
+	addr = freeAddr(t)
+	vars := map[string]string{
+		"ADDR": addr, "METRICS_ADDR": "off", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
+		"DATABASE_URL":             c.url("payments_app"),
+		"MIGRATE_DATABASE_URL":     c.url("postgres"),
+		"MAINTENANCE_DATABASE_URL": c.url("payments_maintenance"),
+	}
+	maps.Copy(vars, more)
+	return addr, env(vars)
+}
+
+// serveUntilCleanup runs api serve with getenv until the test ends, once it
+// answers at addr, and returns its log, which a failed test shows.
+func serveUntilCleanup(t *testing.T, addr string, getenv func(string) string) *syncBuffer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &syncBuffer{}
+	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, logs) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("service log:\n%s", logs.String())
+		}
+	})
+	waitOK(t, "http://"+addr+"/healthz")
+	return logs
+}
+
 // citusCluster is a Citus cluster of the test's own (scripts/citus-cluster:
 // a coordinator on port and two workers on the next two), migrated and
 // distributed as docs/scaling.md says, with a superuser's connection to the
@@ -373,31 +392,13 @@ func TestACoordinatorLostWhileAWorkerCommitsLosesNoCharge(t *testing.T) {
 	sim := simulator.New(simulator.Config{})
 	simSrv := httptest.NewServer(sim)
 	t.Cleanup(simSrv.Close)
-	addr := freeAddr(t)
-	getenv := env(map[string]string{
-		"ADDR": addr, "METRICS_ADDR": "off", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
-		"PROCESSOR_URL":            simSrv.URL,
-		"DATABASE_URL":             c.url("payments_app"),
-		"MIGRATE_DATABASE_URL":     c.url("postgres"),
-		"MAINTENANCE_DATABASE_URL": c.url("payments_maintenance"),
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	addr, getenv := c.serviceEnv(t, map[string]string{"PROCESSOR_URL": simSrv.URL})
+	ctx := context.Background()
 	var out bytes.Buffer
 	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "acme", "--scopes", "payments:write,payments:read"}, getenv, &out))
 	var key struct{ Secret string }
 	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
-	done := make(chan error, 1)
-	var logs syncBuffer
-	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		if t.Failed() {
-			t.Logf("service log:\n%s", logs.String())
-		}
-	})
-	waitOK(t, "http://"+addr+"/healthz")
+	serveUntilCleanup(t, addr, getenv)
 	pay := func(timeout time.Duration) (int, string, error) {
 		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1000, "currency": "usd"}`))
 		require.NoError(t, err)
@@ -492,18 +493,12 @@ func TestNodesLostUnderLoadLoseNoPayment(t *testing.T) {
 	sim := simulator.New(simulator.Config{})
 	simSrv := httptest.NewServer(sim)
 	t.Cleanup(simSrv.Close)
-	addr := freeAddr(t)
-	getenv := env(map[string]string{
-		"ADDR": addr, "METRICS_ADDR": "off", "WEBHOOK_WORKERS": "0", "MIGRATE_ON_START": "false",
-		"PROCESSOR_URL":            simSrv.URL,
-		"OUTBOX_RETRY_BASE":        "200ms", // a charge that met the dead worker is tried again soon
-		"OUTBOX_RETRY_MAX":         "1s",
-		"DATABASE_URL":             c.url("payments_app"),
-		"MIGRATE_DATABASE_URL":     c.url("postgres"),
-		"MAINTENANCE_DATABASE_URL": c.url("payments_maintenance"),
+	addr, getenv := c.serviceEnv(t, map[string]string{
+		"PROCESSOR_URL":     simSrv.URL,
+		"OUTBOX_RETRY_BASE": "200ms", // a charge that met the dead worker is tried again soon
+		"OUTBOX_RETRY_MAX":  "1s",
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 
 	// Tenants on both workers: principals are created until each worker
 	// holds one's shard.
@@ -525,17 +520,7 @@ func TestNodesLostUnderLoadLoseNoPayment(t *testing.T) {
 		onWorker[port] = true
 		secrets = append(secrets, key.Secret)
 	}
-	done := make(chan error, 1)
-	var logs syncBuffer
-	go func() { done <- runLogging(ctx, nil, getenv, io.Discard, &logs) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		if t.Failed() {
-			t.Logf("service log:\n%s", logs.String())
-		}
-	})
-	waitOK(t, "http://"+addr+"/healthz")
+	serveUntilCleanup(t, addr, getenv)
 
 	// pay sends one intent until it is answered with a status other than
 	// 503 (outcome unknown, or the database unreachable), for at most a

@@ -70,7 +70,7 @@ func distributeOnCitus(ctx context.Context, ownerURL string) error {
 	if !citus {
 		return nil
 	}
-	for _, stmt := range Statements(migrations.Citus) {
+	for _, stmt := range statements(migrations.Citus) {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("distribute on Citus: %w\n%s", err, stmt)
 		}
@@ -78,10 +78,10 @@ func distributeOnCitus(ctx context.Context, ownerURL string) error {
 	return nil
 }
 
-// Statements splits sql into statements at each semicolon that ends a line
+// statements splits sql into statements at each semicolon that ends a line
 // outside a $$-quoted body and outside a comment line, leaving out what
 // holds only comments and space.
-func Statements(sql string) []string {
+func statements(sql string) []string {
 	var out []string
 	var cur strings.Builder
 	inBody := false

@@ -1,4 +1,4 @@
-package database_test
+package database
 
 import (
 	"strings"
@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/migrations"
 )
 
@@ -15,7 +14,7 @@ import (
 // own), ALTER SYSTEM outside any transaction block.
 func TestCitusDistributionSplitsIntoStatements(t *testing.T) {
 	t.Parallel()
-	stmts := database.Statements(migrations.Citus)
+	stmts := statements(migrations.Citus)
 	var distributed, triggers, functions int
 	for _, s := range stmts {
 		body := s

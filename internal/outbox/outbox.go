@@ -8,7 +8,8 @@
 // A request writes its job into outbox_jobs, a table distributed like the
 // payment it acts on, so that on Citus the two commit on one shard, in one
 // transaction; the Relay copies it into River's table, where River's
-// workers take it (docs/architecture.md, "The outbox").
+// workers take it (docs/external-effects.md; docs/scaling.md, "The outbox on
+// the shard").
 package outbox
 
 import (

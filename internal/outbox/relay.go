@@ -20,8 +20,9 @@ import (
 // next time, and River's unique index on the key made from each row's id
 // (relayKey) keeps the second copy out: every job is enqueued exactly once.
 //
-// Every instance that works jobs runs a relay; a transaction-scoped advisory
-// lock lets one copy at a time, so they do not race for the same rows.
+// Every api serve process runs a relay, workers or not; a transaction-scoped
+// advisory lock lets one copy at a time, so they do not race for the same
+// rows.
 type Relay struct {
 	// Pool is the service role's; the cross-tenant read and delete are the
 	// definer's functions outbox_pending and outbox_relayed.

@@ -12,8 +12,9 @@ import (
 // River's table, river_job, by hand instead of through River's API: the
 // relay's copy of outbox_jobs (Relay), a job completed with its answer
 // (QueueComplete), the reconciler's question about a row's job (Live), and
-// the gauges. Migrations 10 and 16 (the reconciler's candidates
-// before migration 23, the queues) and river_grants.sql name it too.
+// the gauges. Migrations 10 and 16 (the reconciler's candidates before
+// migration 23, the queues), migration 24's down (which hands waiting jobs
+// to River) and river_grants.sql name it too.
 
 // RiverSchema is the version of River's schema (rivermigrate's) that this
 // SQL was written against. TestRiverSchema fails when the river module
