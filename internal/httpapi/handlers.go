@@ -65,19 +65,20 @@ func pathID(r *http.Request) (uuid.UUID, error) {
 	return id, nil
 }
 
-// rederive re-renders a stored 201 response from the resource it showed,
-// read with get, for replays whose body was too large to store.
-func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID, uuid.UUID) (T, error)) func(context.Context, pgx.Tx, uuid.UUID, string) (idempotency.Response, error) {
-	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) (idempotency.Response, error) {
+// rederive renders again the body of a stored response from the resource
+// it showed, read with get, for replays whose body was too large to store.
+// The replay keeps the stored status (201 for a creation, 200 for a change).
+func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID, uuid.UUID) (T, error)) func(context.Context, pgx.Tx, uuid.UUID, string) ([]byte, error) {
+	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) ([]byte, error) {
 		id, err := uuid.Parse(ref)
 		if err != nil {
-			return idempotency.Response{}, fmt.Errorf("stored resource reference %q: %w", ref, err)
+			return nil, fmt.Errorf("stored resource reference %q: %w", ref, err)
 		}
 		v, err := get(ctx, tx, principal, id)
 		if err != nil {
-			return idempotency.Response{}, err
+			return nil, err
 		}
-		return renderJSON(http.StatusCreated, v)
+		return renderBody(v)
 	}
 }
 

@@ -192,13 +192,22 @@ func jsonType(kind string) string {
 	}
 }
 
-// writeJSON renders v as the body of a fresh response.
+// renderJSON renders v as the body of a fresh response.
 func renderJSON(status int, v any) (idempotency.Response, error) {
-	b, err := json.Marshal(v)
+	b, err := renderBody(v)
 	if err != nil {
-		return idempotency.Response{}, fmt.Errorf("render response: %w", err)
+		return idempotency.Response{}, err
 	}
 	return idempotency.Response{Status: status, ContentType: "application/json", Body: b}, nil
+}
+
+// renderBody is a response's JSON body.
+func renderBody(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("render response: %w", err)
+	}
+	return b, nil
 }
 
 // writeResponse sends a rendered response.

@@ -299,3 +299,24 @@ func TestWebhookEndpointLimitHoldsUnderConcurrentCreations(t *testing.T) {
 	require.Equal(t, map[int]int{http.StatusCreated: webhooks.MaxEndpoints, http.StatusUnprocessableEntity: tries - webhooks.MaxEndpoints}, count)
 	require.Equal(t, webhooks.MaxEndpoints, b.count(t, `SELECT count(*) FROM webhook_endpoints`))
 }
+
+// A replay whose body was too large to store keeps the status of the
+// request it replays: 200 for a change or a deletion, not the 201 of a
+// creation, and its body shows the endpoint as it is now.
+func TestARederivedReplayKeepsItsStatus(t *testing.T) {
+	t.Parallel()
+	b, k, _, id := webhookSetup(t, func(o *options) { o.maxStored = 10 })
+	for _, c := range []call{
+		{method: http.MethodPatch, path: "/v1/webhook_endpoints/" + id, secret: k.Secret, key: "patch", body: `{"status": "disabled"}`},
+		{method: http.MethodPost, path: "/v1/webhook_endpoints/" + id + "/rotate_secret", secret: k.Secret, key: "rotate"},
+		{method: http.MethodDelete, path: "/v1/webhook_endpoints/" + id, secret: k.Secret, key: "delete"},
+	} {
+		first := b.do(t, c)
+		require.Equal(t, http.StatusOK, first.Status, "%s %s: %s", c.method, c.path, first.Body)
+		again := b.do(t, c)
+		require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), "%s %s", c.method, c.path)
+		require.Equal(t, http.StatusOK, again.Status, "%s %s replayed: %s", c.method, c.path, again.Body)
+		require.Equal(t, id, decode(t, again.Body)["id"])
+	}
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE response_ref IS NOT NULL AND response_body IS NULL AND key IN ('patch', 'rotate', 'delete')`))
+}

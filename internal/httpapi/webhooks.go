@@ -85,7 +85,7 @@ func (a *api) createEndpoint(w http.ResponseWriter, r *http.Request) {
 			}
 			return a.secretOutcome(http.StatusCreated, e)
 		},
-		Rederive: a.rederiveSecret(http.StatusCreated),
+		Rederive: a.rederiveSecret,
 	})
 }
 
@@ -108,7 +108,7 @@ func (a *api) rotateSecret(w http.ResponseWriter, r *http.Request) {
 			}
 			return a.secretOutcome(http.StatusOK, e)
 		},
-		Rederive:    a.rederiveSecret(http.StatusOK),
+		Rederive:    a.rederiveSecret,
 		Reauthorize: endpointVisible(id),
 	})
 }
@@ -122,18 +122,16 @@ func (a *api) secretOutcome(status int, e webhooks.Endpoint) (idempotency.Outcom
 
 // rederiveSecret renders, for a replay, the endpoint as it is now with the
 // secret the original response showed (webhooks.Endpoint.SecretRef).
-func (a *api) rederiveSecret(status int) func(context.Context, pgx.Tx, uuid.UUID, string) (idempotency.Response, error) {
-	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) (idempotency.Response, error) {
-		id, version, err := webhooks.ParseSecretRef(ref)
-		if err != nil {
-			return idempotency.Response{}, err
-		}
-		e, err := webhooks.Get(ctx, tx, principal, id)
-		if err != nil {
-			return idempotency.Response{}, err
-		}
-		return renderJSON(status, e.WithSecret(a.keyring, version))
+func (a *api) rederiveSecret(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) ([]byte, error) {
+	id, version, err := webhooks.ParseSecretRef(ref)
+	if err != nil {
+		return nil, err
 	}
+	e, err := webhooks.Get(ctx, tx, principal, id)
+	if err != nil {
+		return nil, err
+	}
+	return renderBody(e.WithSecret(a.keyring, version))
 }
 
 // endpointVisible lets a replay through only while the endpoint is still

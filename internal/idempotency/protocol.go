@@ -209,12 +209,11 @@ func (e *Executor) replay(ctx context.Context, tx pgx.Tx, op Operation, principa
 		}
 	}
 	if rec.ResourceRef != "" {
-		// Status and content type are stored; only the body is re-rendered.
-		again, err := op.Rederive(ctx, tx, principal, rec.ResourceRef)
+		body, err := op.Rederive(ctx, tx, principal, rec.ResourceRef)
 		if err != nil {
 			return fmt.Errorf("re-derive stored response: %w", err)
 		}
-		rec.Response.Body = again.Body
+		rec.Response.Body = body
 	}
 	obs.linkToOriginal(rec)
 	res.Response, res.Replayed, res.OriginalRequestID = rec.Response, true, rec.OriginalRequestID

@@ -59,11 +59,12 @@ type Operation struct {
 	// the same transaction, to check that the caller, principal, may still
 	// see it.
 	Reauthorize func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error
-	// Rederive renders the response again from the resource named by ref,
-	// for a replay whose body was too large to store. It must only read:
-	// a replay never executes the request again. The response shows the
-	// resource as it is now, which may differ from the original.
-	Rederive func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) (Response, error)
+	// Rederive renders the response body again from the resource named by
+	// ref, for a replay whose body was not stored. It must only read: a
+	// replay never executes the request again. The body shows the resource
+	// as it is now, which may differ from the original; the status and the
+	// content type are the stored ones, so Rederive returns only a body.
+	Rederive func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) ([]byte, error)
 }
 
 // Work is where an Operation does its business write.

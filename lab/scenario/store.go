@@ -422,8 +422,8 @@ func uncappedResponses(ctx context.Context, l *Lab) (Outcome, error) {
 				return idempotency.Outcome{Response: idempotency.Response{Status: 201, ContentType: "application/json", Body: body}, ResourceRef: ref}, nil
 			},
 			// A replay renders the report again from what it names.
-			Rederive: func(_ context.Context, _ pgx.Tx, _ uuid.UUID, ref string) (idempotency.Response, error) {
-				return idempotency.Response{Status: 201, ContentType: "application/json", Body: []byte(`{"report":"` + ref + `"}`)}, nil
+			Rederive: func(_ context.Context, _ pgx.Tx, _ uuid.UUID, ref string) ([]byte, error) {
+				return []byte(`{"report":"` + ref + `"}`), nil
 			},
 		})
 		if err != nil {
