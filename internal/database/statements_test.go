@@ -33,8 +33,11 @@ func TestCitusDistributionSplitsIntoStatements(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, functions)
-	require.Equal(t, 9, distributed, "payments and the eight tables colocated with it")
-	require.Equal(t, 5, triggers)
+	// Each statement of the file is one statement of the split, however
+	// many tables a fork distributes (docs/fork.md takes some out).
+	require.Equal(t, strings.Count(migrations.Citus, "\nSELECT create_distributed_table("), distributed)
+	require.GreaterOrEqual(t, distributed, 5, "payments and the tables colocated with it")
+	require.Equal(t, strings.Count(migrations.Citus, "\nCREATE OR REPLACE TRIGGER"), triggers)
 	require.True(t, strings.HasPrefix(stmts[len(stmts)-2], "-- The tenant a request's SET LOCAL"))
 	require.True(t, strings.HasSuffix(stmts[len(stmts)-2], "ALTER SYSTEM SET citus.propagate_set_commands = 'local';"))
 	require.Equal(t, "SELECT pg_reload_conf();", stmts[len(stmts)-1])

@@ -163,12 +163,15 @@ func TestHeadAnswersLikeGetAndEvery405SaysWhatIsAllowed(t *testing.T) {
 	b := setup(t)
 	k := b.newKey(t, "acme", allScopes...)
 	pay := b.createPayment(t, k.Secret, 1000)
-	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund", `{"amount": 100}`)
-	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
-	refund := decode(t, r.Body)["id"].(string)
+	// A refund only if the router serves refunds (a fork may not).
+	refund := sync.OnceValue(func() string {
+		r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+		require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+		return decode(t, r.Body)["id"].(string)
+	})
 	concrete := func(route string) string {
 		if strings.HasPrefix(route, "/v1/refunds/") {
-			return strings.ReplaceAll(route, "{id}", refund)
+			return strings.ReplaceAll(route, "{id}", refund())
 		}
 		return strings.ReplaceAll(route, "{id}", pay)
 	}

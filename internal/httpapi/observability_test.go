@@ -67,9 +67,8 @@ func TestServerSpansAreNamedByRouteTemplate(t *testing.T) {
 	created := b.post(t, "/v1/payments", k.Secret, "k", paymentBody)
 	id := decode(t, created.Body)["id"].(string)
 	b.get(t, "/v1/payments/"+id, k.Secret)
-	b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "r", `{"amount": 1}`)
 
-	for _, name := range []string{"POST /v1/payments", "GET /v1/payments/{id}", "POST /v1/payments/{id}/refunds"} {
+	for _, name := range []string{"POST /v1/payments", "GET /v1/payments/{id}"} {
 		require.Len(t, b.spansNamed(name), 1, name)
 	}
 	server := b.spansNamed("POST /v1/payments")[0]

@@ -47,8 +47,6 @@ func TestAnUnknownOutcomeWaitsForReconciliation(t *testing.T) {
 			require.Equal(t, "requires_reconciliation", got["status"], "an unknown outcome on the last attempt is not a failure")
 			require.Nil(t, got["failure_reason"])
 			require.Equal(t, tc.effects, b.sim.EffectsFor(id))
-			requireProblem(t, b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`),
-				http.StatusConflict, "payment-processing")
 			require.EqualValues(t, 1, b.gauge(t, "reconciliation_waiting"))
 			require.Positive(t, b.gauge(t, "reconciliation_oldest_waiting_age_seconds"))
 
@@ -78,43 +76,6 @@ func TestAnUnknownOutcomeWaitsForReconciliation(t *testing.T) {
 			require.Zero(t, again.Examined, "a settled payment is not looked at again")
 		})
 	}
-}
-
-// A refund whose outcome stays unknown keeps its amount counted against the
-// payment (the money may have gone back to the customer), so what remains
-// cannot be refunded twice; the reconciler settles it from the ledger.
-func TestAnUnknownRefundKeepsItsAmountCounted(t *testing.T) {
-	t.Parallel()
-	b := setup(t, func(o *options) { o.maxAttempts = 2 })
-	k := b.newKey(t, "acme", allScopes...)
-	pay := b.createPayment(t, k.Secret, 1000)
-
-	b.sim.SetConfig(simulator.Config{DropRate: 1})
-	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-1", `{"amount": 400}`)
-	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
-	refund := decode(t, r.Body)["id"].(string)
-	require.Equal(t, "requires_reconciliation", b.settled(t, "/v1/refunds/"+refund, k.Secret)["status"])
-	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"], "not given back")
-
-	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-2", `{"amount": 1000}`),
-		http.StatusUnprocessableEntity, "refund-exceeds-payment")
-
-	b.sim.SetConfig(simulator.Config{})
-	lookups := &recordedLookups{Processor: b.reconciler.Processor}
-	b.reconciler.Processor = lookups
-	res, err := b.reconciler.Run(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, reconcile.Result{Examined: 1, Succeeded: 1}, res)
-	require.Equal(t, "succeeded", decode(t, b.get(t, "/v1/refunds/"+refund, k.Secret).Body)["status"])
-	// The lookup names the refund's charge by the processor's id, which a
-	// processor such as Stripe finds refunds by (migration 19).
-	var chargeID string
-	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT processor_id FROM payments WHERE id = $1`, pay).Scan(&chargeID))
-	require.NotEmpty(t, chargeID)
-	require.Equal(t, []processor.Record{{Op: processor.OpRefund, Key: lookups.records[0].Key, ChargeID: chargeID}}, lookups.records)
-	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"])
-	require.Equal(t, 1, b.sim.EffectsFor(refund))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`), "the refused refund recorded nothing")
 }
 
 // The transaction that records the last attempt's answer can itself fail

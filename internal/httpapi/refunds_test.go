@@ -2,20 +2,19 @@ package httpapi_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/processor"
+	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
+	"github.com/payments-reference/idempotent-payments/internal/reconcile"
 )
-
-// settleWithin is generous: the outbox competes for a loaded machine's two
-// cores with every other test binary of the run, and the wait ends as soon as
-// the status changes.
-const settleWithin = time.Minute
 
 func TestRefundAPayment(t *testing.T) {
 	t.Parallel()
@@ -240,8 +239,9 @@ func TestRefundTheProcessorRefusesGivesItsAmountBack(t *testing.T) {
 	require.Zero(t, b.sim.EffectsFor(refund["id"].(string)))
 }
 
-// A refund of a payment that is still being charged is refused for now (409,
-// nothing recorded); one of a payment that failed is a stored 422.
+// A refund of a payment that is still being charged, or waiting for
+// reconciliation, is refused for now (409, nothing recorded); one of a
+// payment that failed is a stored 422.
 func TestRefundOfAnUnchargedPayment(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *options) { o.noWorkers = true })
@@ -255,7 +255,13 @@ func TestRefundOfAnUnchargedPayment(t *testing.T) {
 	require.Equal(t, "1", processing.Header.Get("Retry-After"))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM refunds`))
 
-	_, err := b.admin.Exec(context.Background(), `UPDATE payments SET status = 'failed', failure_reason = 'card_declined' WHERE id = $1`, id)
+	_, err := b.admin.Exec(context.Background(), `UPDATE payments SET status = 'requires_reconciliation' WHERE id = $1`, id)
+	require.NoError(t, err)
+	requireProblem(t, b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`),
+		http.StatusConflict, "payment-processing")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM refunds`))
+
+	_, err = b.admin.Exec(context.Background(), `UPDATE payments SET status = 'failed', failure_reason = 'card_declined' WHERE id = $1`, id)
 	require.NoError(t, err)
 	failed := b.post(t, "/v1/payments/"+id+"/refunds", k.Secret, "refund", `{"amount": 100}`)
 	requireProblem(t, failed, http.StatusUnprocessableEntity, "payment-not-refundable")
@@ -278,4 +284,112 @@ func TestRefundOfAFullyRefundedPayment(t *testing.T) {
 	r = b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "again", `{}`)
 	requireProblem(t, r, http.StatusUnprocessableEntity, "refund-exceeds-payment")
 	require.Contains(t, decode(t, r.Body)["detail"], "refunded in full")
+}
+
+// A refund whose outcome stays unknown keeps its amount counted against the
+// payment (the money may have gone back to the customer), so what remains
+// cannot be refunded twice; the reconciler settles it from the ledger.
+func TestAnUnknownRefundKeepsItsAmountCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxAttempts = 2 })
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+
+	b.sim.SetConfig(simulator.Config{DropRate: 1})
+	r := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-1", `{"amount": 400}`)
+	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
+	refund := decode(t, r.Body)["id"].(string)
+	require.Equal(t, "requires_reconciliation", b.settled(t, "/v1/refunds/"+refund, k.Secret)["status"])
+	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"], "not given back")
+
+	requireProblem(t, b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-2", `{"amount": 1000}`),
+		http.StatusUnprocessableEntity, "refund-exceeds-payment")
+
+	b.sim.SetConfig(simulator.Config{})
+	lookups := &recordedLookups{Processor: b.reconciler.Processor}
+	b.reconciler.Processor = lookups
+	res, err := b.reconciler.Run(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, reconcile.Result{Examined: 1, Succeeded: 1}, res)
+	require.Equal(t, "succeeded", decode(t, b.get(t, "/v1/refunds/"+refund, k.Secret).Body)["status"])
+	// The lookup names the refund's charge by the processor's id, which a
+	// processor such as Stripe finds refunds by (migration 19).
+	var chargeID string
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT processor_id FROM payments WHERE id = $1`, pay).Scan(&chargeID))
+	require.NotEmpty(t, chargeID)
+	require.Equal(t, []processor.Record{{Op: processor.OpRefund, Key: lookups.records[0].Key, ChargeID: chargeID}}, lookups.records)
+	require.EqualValues(t, 400, decode(t, b.get(t, "/v1/payments/"+pay, k.Secret).Body)["amount_refunded"])
+	require.Equal(t, 1, b.sim.EffectsFor(refund))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`), "the refused refund recorded nothing")
+}
+
+// A refund's retry spelled differently (the payment's id in capitals, the
+// key quoted) is the same request, replayed, as for a payment
+// (TestEverySpellingOfARetryIsTheSameRequest).
+func TestEverySpellingOfARefundRetryIsTheSameRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+	refund := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund-7", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, refund.Status, "body: %s", refund.Body)
+	for _, c := range []call{
+		{path: "/v1/payments/" + strings.ToUpper(pay) + "/refunds", key: "refund-7", offSpec: true},
+		{path: "/v1/payments/" + pay + "/refunds", key: `"refund-7"`},
+	} {
+		c.method, c.secret, c.body = http.MethodPost, k.Secret, `{"amount": 100}`
+		again := b.do(t, c)
+		require.Equal(t, http.StatusCreated, again.Status, "%s %q: %s", c.path, c.key, again.Body)
+		require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), "%s %q", c.path, c.key)
+		require.Equal(t, refund.Body, again.Body)
+	}
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM idempotency_keys`), "the payment's and the refund's")
+}
+
+// A processor's over-long, non-UTF-8, NUL-containing refusal of a refund is
+// recorded as the column can hold it, and the refund settles
+// (TestProcessorsOddAnswersStillSettle for charges).
+func TestRefundProcessorsOddAnswersStillSettle(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) {
+		o.processor = func(sim http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost && r.URL.Path == "/v1/refunds" {
+					w.WriteHeader(http.StatusPaymentRequired)
+					_ = json.NewEncoder(w).Encode(map[string]string{"error": badText})
+					return
+				}
+				sim.ServeHTTP(w, r)
+			})
+		}
+	})
+	k := b.newKey(t, "acme", allScopes...)
+	charged := b.createPayment(t, k.Secret, 1000)
+	r := b.post(t, "/v1/payments/"+charged+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
+	refund := b.settled(t, "/v1/refunds/"+decode(t, r.Body)["id"].(string), k.Secret)
+	require.Equal(t, "failed", refund["status"])
+	requireStorable(t, refund["failure_reason"].(string))
+}
+
+// A refund's response too large to store is stored as a reference and
+// re-derived on replay, showing the refund as it is now
+// (TestLargeResponsesAreStoredAsReferences for payments).
+func TestLargeRefundResponsesAreStoredAsReferences(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.maxStored = 10 })
+	k := b.newKey(t, "acme", allScopes...)
+	pay := b.createPayment(t, k.Secret, 1000)
+	first := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, first.Status, "%s", first.Body)
+	id := decode(t, first.Body)["id"].(string)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM idempotency_keys WHERE key = 'refund' AND response_body IS NULL AND response_ref = $1`, id))
+	b.settled(t, "/v1/refunds/"+id, k.Secret)
+
+	replay := b.post(t, "/v1/payments/"+pay+"/refunds", k.Secret, "refund", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, replay.Status)
+	require.Equal(t, "true", replay.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, "succeeded", decode(t, replay.Body)["status"], "a re-derived replay shows the refund as it is now")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM refunds`))
 }

@@ -326,6 +326,11 @@ func (b *testBundle) releaseProcessor(t *testing.T) {
 	b.release()
 }
 
+// settleWithin is generous: the outbox competes for a loaded machine's two
+// cores with every other test binary of the run, and the wait ends as soon as
+// the status changes.
+const settleWithin = time.Minute
+
 // Connections a bundle holds besides the service pool.
 const (
 	adminConns = 2 // assertions across tenants
