@@ -135,10 +135,10 @@ func TestDoesNotRetryOther4xx(t *testing.T) {
 		{status: 401, body: problem("unauthenticated", 401)},
 		{status: 404, body: problem("not-found", 404)},
 		{status: 422, body: problem("idempotency-key-reused", 422)},
-		{status: 422, body: problem("refund-exceeds-payment", 422)},
+		{status: 422, body: problem("too-many-webhook-endpoints", 422)},
 	} {
 		c, s := start(t, fast, a, answer{status: 201, body: paymentJSON})
-		_, err := c.CreateRefund(context.Background(), uuid.MustParse("01936f4e-8a1c-7b3e-9f2a-4c5d6e7f8a9b"), client.NewRefund{})
+		_, err := c.CreatePayment(context.Background(), newPayment)
 		var e *client.Error
 		require.ErrorAs(t, err, &e)
 		require.Equal(t, a.status, e.StatusCode)

@@ -117,6 +117,7 @@ func TestRequestExamplesSucceed(t *testing.T) {
 				continue
 			}
 			examples := op.RequestBody.Value.Content.Get("application/json").Examples
+			require.NotEmpty(t, examples, "%s %s: a request example to run", method, path)
 			names := make([]string, 0, len(examples))
 			for name := range examples {
 				names = append(names, name)
@@ -150,5 +151,5 @@ func TestRequestExamplesSucceed(t *testing.T) {
 			}
 		}
 	}
-	require.GreaterOrEqual(t, ran, 11, "the request examples of every operation with a body")
+	require.Positive(t, ran, "the request examples of every operation with a body")
 }
