@@ -103,7 +103,11 @@ func TestComposeFile(t *testing.T) {
 	distribute, err := os.ReadFile("migrations/citus.sql")
 	require.NoError(t, err)
 	require.Contains(t, string(distribute), "SELECT create_distributed_table('payments', 'principal_id')")
-	for _, table := range []string{"refunds", "events", "webhook_endpoints", "webhook_deliveries", "idempotency_keys", "idempotency_key_usage", "outbox_jobs"} {
+	// Every other table it distributes is colocated with payments (which
+	// tables: TestEveryStatementRoutesToOnePartition lists them).
+	require.Equal(t, strings.Count(string(distribute), "SELECT create_distributed_table("),
+		1+strings.Count(string(distribute), "', 'principal_id', colocate_with => 'payments')"))
+	for _, table := range []string{"idempotency_keys", "idempotency_key_usage", "outbox_jobs"} {
 		require.Contains(t, string(distribute), "SELECT create_distributed_table('"+table+"', 'principal_id', colocate_with => 'payments')")
 	}
 	for _, table := range []string{"principals", "api_keys"} {
