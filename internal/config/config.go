@@ -4,12 +4,10 @@
 package config
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -23,61 +21,61 @@ type Config struct {
 	// production serve refuses what is only safe on a developer's machine:
 	// the in-process processor simulator (no money moves) and migrating on
 	// start (the serving process would hold the owner's credentials).
-	Env string
+	Env string `env:"APP_ENV" default:"development" help:"development or production (refuses the simulator and migrating on start)"`
 	// Addr is where the API listens (ADDR).
-	Addr string
+	Addr string `env:"ADDR" default:":8080" help:"the API's listen address"`
 	// MetricsAddr is where /metrics is served, apart from the API so that
 	// it is never exposed with it (METRICS_ADDR; "off" turns it off).
-	MetricsAddr string
+	MetricsAddr string `env:"METRICS_ADDR" default:":9090" help:"the /metrics listener, apart from the API (off disables it)"`
 	// Pprof serves net/http/pprof on the metrics listener, for profiling
 	// under load (PPROF). Off by default.
-	Pprof bool
+	Pprof bool `env:"PPROF" default:"false" help:"serve /debug/pprof/ on the metrics listener"`
 	// AdminPassword, when set, serves River UI at /riverui/ on the metrics
 	// listener behind HTTP basic auth (user admin) with this password
 	// (ADMIN_PASSWORD, at least 16 characters): the operator's view of the
 	// outbox's queues. Unset, nothing is served there.
-	AdminPassword string
+	AdminPassword string `env:"ADMIN_PASSWORD" default:"" secret:"true" help:"serve River UI at /riverui/ on the metrics listener, behind basic auth (user admin); at least 16 characters; unset: not served"`
 	// DatabaseURL connects as the service role, which row-level security
 	// applies to (DATABASE_URL).
-	DatabaseURL string
+	DatabaseURL string `env:"DATABASE_URL" default:"postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable" log:"redact" help:"the service role's database; names the database for every role"`
 	// MigrateDatabaseURL connects as the role that owns the tables; used for
 	// migrations and the keys subcommands, never to serve requests
 	// (MIGRATE_DATABASE_URL; by default DATABASE_URL as the user postgres).
-	MigrateDatabaseURL string
+	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL" default:"postgres://postgres@127.0.0.1:5432/payments?sslmode=disable" log:"redact" help:"the owner role (migrations, keys); default: DATABASE_URL as postgres"`
 	// MaintenanceDatabaseURL connects as payments_maintenance, the role that
 	// may delete expired keys and nothing else (MAINTENANCE_DATABASE_URL; by
 	// default DATABASE_URL as the user payments_maintenance).
-	MaintenanceDatabaseURL string
+	MaintenanceDatabaseURL string `env:"MAINTENANCE_DATABASE_URL" default:"postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable" log:"redact" help:"the sweeper's role; default: DATABASE_URL as payments_maintenance"`
 	// MigrateOnStart applies pending migrations when serve starts, creating
 	// the database first if it does not exist (MIGRATE_ON_START).
-	MigrateOnStart bool
+	MigrateOnStart bool `env:"MIGRATE_ON_START" default:"true" help:"serve creates the database and migrates (false with APP_ENV=production)"`
 	// DBMaxConns is the service pool's size (DB_MAX_CONNS). Concurrent
 	// duplicates of one key each hold a connection while they wait.
-	DBMaxConns int32
+	DBMaxConns int32 `env:"DB_MAX_CONNS" default:"32" min:"1" max:"1000" help:"the service pool's size"`
 	// DBAcquireTimeout bounds the wait for a pooled connection; past it the
 	// request gets 503 (DB_ACQUIRE_TIMEOUT).
-	DBAcquireTimeout time.Duration
+	DBAcquireTimeout time.Duration `env:"DB_ACQUIRE_TIMEOUT" default:"2s" min:"1ms" help:"longest wait for a pooled connection, then 503"`
 	// LockTimeout bounds the wait for a concurrent request with the same
 	// idempotency key; past it the request gets 409 (LOCK_TIMEOUT).
-	LockTimeout time.Duration
+	LockTimeout time.Duration `env:"LOCK_TIMEOUT" default:"5s" min:"1ms" help:"longest wait for a concurrent request with the same key, then 409"`
 	// DBIdleInTxTimeout ends a database session whose transaction has sat
 	// idle this long (DB_IDLE_IN_TX_TIMEOUT): the bound on how long a key
 	// stays locked after its holder vanished without closing its connection.
-	DBIdleInTxTimeout time.Duration
+	DBIdleInTxTimeout time.Duration `env:"DB_IDLE_IN_TX_TIMEOUT" default:"10s" min:"100ms" help:"the server ends a session idle in a transaction this long"`
 	// DBCommitTimeout bounds a request's COMMIT, which the request cannot
 	// cancel (DB_COMMIT_TIMEOUT; database.PoolConfig.CommitTimeout).
-	DBCommitTimeout time.Duration
+	DBCommitTimeout time.Duration `env:"DB_COMMIT_TIMEOUT" default:"3s" min:"100ms" help:"bound on a request's COMMIT, which neither the client nor REQUEST_TIMEOUT cancels (under 5s)"`
 	// Processor names the processor's adapter (PROCESSOR): "http" for an
 	// API of processor.Client's shape at ProcessorURL, or the in-process
 	// simulator when that is empty; "stripe" for Stripe, set by Stripe.
-	Processor string
+	Processor string `env:"PROCESSOR" default:"http" help:"the processor's adapter: http (PROCESSOR_URL) or stripe (STRIPE_*)"`
 	// ProcessorURL is the payment processor's API (PROCESSOR_URL). Empty runs
 	// the simulator in process, on a loopback port.
-	ProcessorURL string
+	ProcessorURL string `env:"PROCESSOR_URL" default:"" log:"redact" help:"PROCESSOR=http: the payment processor; empty: the in-process simulator (test mode)"`
 	// Stripe configures PROCESSOR=stripe (STRIPE_*).
 	Stripe StripeSettings
 	// ProcessorTimeout bounds one processor call (PROCESSOR_TIMEOUT).
-	ProcessorTimeout time.Duration
+	ProcessorTimeout time.Duration `env:"PROCESSOR_TIMEOUT" default:"10s" min:"1ms" help:"bound on one processor call"`
 	// Sim configures the processor-sim subcommand's simulator
 	// (PROCESSOR_SIM_*). serve refuses them: its in-process simulator never
 	// misbehaves, and a production binary has no fault switches.
@@ -88,341 +86,166 @@ type Config struct {
 	// size it for the processor: at least the payment rate times one
 	// charge's p99 time, the processor's latency plus the job's own work
 	// (docs/external-effects.md, "Sizing the outbox").
-	OutboxWorkers int
+	OutboxWorkers int `env:"OUTBOX_WORKERS" default:"400" min:"0" max:"10000" help:"processor jobs worked at once (0: leave them to others); at least payments/s x one charge's p99 time (the processor's latency plus the job's own work)"`
 	// WebhookWorkers is how many webhook deliveries run at once
 	// (WEBHOOK_WORKERS), in a queue apart from the processor's: a tenant's
 	// slow receivers can hold these, never the workers that charge.
-	WebhookWorkers int
+	WebhookWorkers int `env:"WEBHOOK_WORKERS" default:"200" min:"0" max:"10000" help:"webhook deliveries worked at once, in a queue apart from the processor jobs (0: leave them to others); at least deliveries/s x a receiver's p99 time"`
 	// OutboxDBMaxConns is the outbox's own pool (OUTBOX_DB_MAX_CONNS), apart
 	// from the requests' so that a backlog never takes a request's
 	// connection. A worker holds one only for its two short transactions,
 	// never during the processor call, so it is sized by transaction time.
-	OutboxDBMaxConns int32
+	OutboxDBMaxConns int32 `env:"OUTBOX_DB_MAX_CONNS" default:"16" min:"1" max:"1000" help:"the outbox's own pool; workers hold a connection only for their short transactions"`
 	// WebhookDBMaxConns is the webhook deliveries' own pool
 	// (WEBHOOK_DB_MAX_CONNS), apart from the charges': deliveries are
 	// never money, so however many run they never take a connection a
 	// charge is waiting for, and their share of the database is bounded.
-	WebhookDBMaxConns int32
+	WebhookDBMaxConns int32 `env:"WEBHOOK_DB_MAX_CONNS" default:"4" min:"1" max:"1000" help:"the webhook deliveries' own pool, apart from the charges': deliveries never take a charge's connection"`
 	// OutboxJobTimeout bounds one attempt of a job; OutboxRescueAfter (longer)
 	// is when the job of a worker that died runs again (OUTBOX_JOB_TIMEOUT,
 	// OUTBOX_RESCUE_AFTER).
-	OutboxJobTimeout  time.Duration
-	OutboxRescueAfter time.Duration
+	OutboxJobTimeout  time.Duration `env:"OUTBOX_JOB_TIMEOUT" default:"30s" min:"1s" help:"bound on one attempt of a job"`
+	OutboxRescueAfter time.Duration `env:"OUTBOX_RESCUE_AFTER" default:"2m" min:"1s" help:"a dead worker's job runs again after this"`
 	// OutboxMaxAttempts is a job's retry budget (OUTBOX_MAX_ATTEMPTS); the
 	// backoff between attempts grows from OutboxRetryBase to OutboxRetryMax
 	// (OUTBOX_RETRY_BASE, OUTBOX_RETRY_MAX).
-	OutboxMaxAttempts int
-	OutboxRetryBase   time.Duration
-	OutboxRetryMax    time.Duration
+	OutboxMaxAttempts int           `env:"OUTBOX_MAX_ATTEMPTS" default:"15" min:"1" max:"100" help:"a job's retry budget; then requires_reconciliation"`
+	OutboxRetryBase   time.Duration `env:"OUTBOX_RETRY_BASE" default:"1s" min:"1ms" help:"first backoff between attempts, doubling"`
+	OutboxRetryMax    time.Duration `env:"OUTBOX_RETRY_MAX" default:"10m" min:"1ms" help:"longest backoff between attempts"`
 	// ProcessorKeyWindow is how long the processor remembers an idempotency
 	// key (PROCESSOR_KEY_WINDOW; Stripe: 24 h). A retry after it could charge
 	// a second time, so the outbox's whole retry schedule must end inside it.
-	ProcessorKeyWindow time.Duration
+	ProcessorKeyWindow time.Duration `env:"PROCESSOR_KEY_WINDOW" default:"24h" min:"1m" help:"how long the processor remembers a key; the retry schedule must fit"`
 	// ReconcileInterval is how often the reconciler settles payments and
 	// refunds left undecided (RECONCILE_INTERVAL); ReconcileGrace is how long
 	// a row's job must have ended before it is looked up at the processor
 	// (RECONCILE_GRACE), longer than PROCESSOR_TIMEOUT so that no call of
 	// the job can still arrive.
-	ReconcileInterval time.Duration
-	ReconcileGrace    time.Duration
+	ReconcileInterval time.Duration `env:"RECONCILE_INTERVAL" default:"1m" min:"1s" help:"how often undecided payments and refunds are reconciled"`
+	ReconcileGrace    time.Duration `env:"RECONCILE_GRACE" default:"2m" min:"1s" help:"a row is looked up this long after its job ended"`
 	// IdempotencyWindow is the published retry window (IDEMPOTENCY_WINDOW).
-	IdempotencyWindow time.Duration
+	IdempotencyWindow time.Duration `env:"IDEMPOTENCY_WINDOW" default:"24h" min:"1m" help:"the retry window; never shorter than openapi.yaml's"`
 	// IdempotencyMargin is kept beyond the window before a key may be
 	// deleted, so clocks and slow retries never cut the promise short
 	// (IDEMPOTENCY_MARGIN).
-	IdempotencyMargin time.Duration
+	IdempotencyMargin time.Duration `env:"IDEMPOTENCY_MARGIN" default:"1h" min:"0s" help:"kept beyond the window before a key may be deleted"`
 	// MaxBodyBytes bounds request bodies; larger ones get 413 (MAX_BODY_BYTES).
-	MaxBodyBytes int64
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" default:"1048576" min:"1024" max:"67108864" help:"larger request bodies get 413"`
 	// MaxStoredResponseBytes caps a stored response body; a larger one is
 	// stored as a reference and re-derived on replay
 	// (MAX_STORED_RESPONSE_BYTES).
-	MaxStoredResponseBytes int
+	MaxStoredResponseBytes int `env:"MAX_STORED_RESPONSE_BYTES" default:"65536" min:"1" max:"16777216" help:"larger responses are stored as a reference"`
 	// KeyQuota is the most live idempotency keys per principal; 0 turns
 	// the quota off (IDEMPOTENCY_KEY_QUOTA).
-	KeyQuota int64
+	KeyQuota int64 `env:"IDEMPOTENCY_KEY_QUOTA" default:"1000000" min:"0" max:"1125899906842624" help:"live keys per principal, then 429 (0: no quota)"`
 	// RateLimit is the most requests a second of one principal, in this
 	// process (RATE_LIMIT); RateLimitUnauthenticated the most of one client
 	// address before its key is known here (RATE_LIMIT_UNAUTHENTICATED).
 	// 0 turns either off.
-	RateLimit                int
-	RateLimitUnauthenticated int
+	RateLimit                int `env:"RATE_LIMIT" default:"100" min:"0" max:"1000000" help:"requests a second of one principal, per process; past it 429 with Retry-After (0: off)"`
+	RateLimitUnauthenticated int `env:"RATE_LIMIT_UNAUTHENTICATED" default:"20" min:"0" max:"1000000" help:"requests a second of one client address whose key is not known yet (no key, a bad one, a new one), per process (0: off)"`
 	// QuotaRefresh is how long a principal's key count is cached and how
 	// often claim counts are flushed (IDEMPOTENCY_QUOTA_REFRESH).
-	QuotaRefresh time.Duration
+	QuotaRefresh time.Duration `env:"IDEMPOTENCY_QUOTA_REFRESH" default:"5s" min:"100ms" help:"how long key counts are cached and claims buffered"`
 	// SweepInterval is how often the in-service sweeper runs; 0 turns it
 	// off, for deployments that run `api sweep` from cron (SWEEP_INTERVAL).
-	SweepInterval time.Duration
+	SweepInterval time.Duration `env:"SWEEP_INTERVAL" default:"1m" min:"0s" help:"how often expired keys are swept (0: never, use api sweep)"`
 	// SweepChunk is the most rows one sweep DELETE removes (SWEEP_CHUNK).
-	SweepChunk int
+	SweepChunk int `env:"SWEEP_CHUNK" default:"1000" min:"1" max:"100000" help:"most rows one sweep statement deletes"`
 	// SweepPause is the wait between chunks (SWEEP_PAUSE).
-	SweepPause time.Duration
+	SweepPause time.Duration `env:"SWEEP_PAUSE" default:"50ms" min:"0s" help:"pause between sweep chunks"`
 	// RequestTimeout bounds a whole request, database work included
 	// (REQUEST_TIMEOUT).
-	RequestTimeout time.Duration
+	RequestTimeout time.Duration `env:"REQUEST_TIMEOUT" default:"15s" min:"1s" help:"bound on one request's work"`
 	// BodyTimeout bounds reading a request, headers and body, from its first
 	// byte (BODY_TIMEOUT; the server's ReadTimeout). It is shorter than
 	// RequestTimeout, and the write deadline is RequestTimeout + 5 s, so a
 	// body that arrives too slowly gets its 408 on the wire while the request
 	// still has time left to answer.
-	BodyTimeout time.Duration
+	BodyTimeout time.Duration `env:"BODY_TIMEOUT" default:"10s" min:"100ms" help:"a request must arrive within this, else 408 (2/3 of a shorter REQUEST_TIMEOUT)"`
 	// WebhookSigningKey derives every webhook endpoint's signing secret
 	// (WEBHOOK_SIGNING_KEY, base64, at least 32 bytes). Required in
 	// production; development uses DevelopmentWebhookKey. Changing it
 	// changes every endpoint's secret: rotate each endpoint's instead.
-	WebhookSigningKey []byte
+	WebhookSigningKey []byte `env:"WEBHOOK_SIGNING_KEY" default:"ZGV2ZWxvcG1lbnQgd2ViaG9vayBrZXk6IHNldCBXRUJIT09LX1NJR05JTkdfS0VZIQ==" min:"32" secret:"true" help:"base64 of at least 32 random bytes; derives every webhook secret; unset: a published development key (production refuses)"`
 	// WebhookAllowPrivateURLs lets webhook endpoints use http and loopback,
 	// private or link-local addresses (WEBHOOK_ALLOW_PRIVATE_URLS): a
 	// receiver on a developer's machine. On by default in development;
 	// production refuses it (server-side request forgery).
-	WebhookAllowPrivateURLs bool
+	WebhookAllowPrivateURLs bool `env:"WEBHOOK_ALLOW_PRIVATE_URLS" default:"true" help:"webhook URLs may be http and loopback or private addresses (false with APP_ENV=production, which refuses true)"`
 	// WebhookTimeout bounds one delivery attempt (WEBHOOK_TIMEOUT).
-	WebhookTimeout time.Duration
+	WebhookTimeout time.Duration `env:"WEBHOOK_TIMEOUT" default:"10s" min:"100ms" help:"bound on one webhook delivery attempt"`
 	// WebhookEndpointConcurrency is the most delivery attempts to one
 	// endpoint that run at once, across every instance
 	// (WEBHOOK_ENDPOINT_CONCURRENCY; 0: no bound): one tenant's slow
 	// receiver holds that many of the webhook workers, not all of them.
-	WebhookEndpointConcurrency int
+	WebhookEndpointConcurrency int `env:"WEBHOOK_ENDPOINT_CONCURRENCY" default:"8" min:"0" max:"10000" help:"most delivery attempts to one endpoint at once, across instances (0: no bound)"`
 	// WebhookDisableAfter disables an endpoint whose every attempt has
 	// failed for this long, and tells its owner with a
 	// webhook_endpoint.disabled event (WEBHOOK_DISABLE_AFTER; 0: never).
-	WebhookDisableAfter time.Duration
+	WebhookDisableAfter time.Duration `env:"WEBHOOK_DISABLE_AFTER" default:"120h" min:"0s" help:"an endpoint whose every attempt failed this long is disabled, with a webhook_endpoint.disabled event (0: never)"`
 	// WebhookSchedule is when each delivery attempt is made after the
 	// previous failed; its length is the attempts (WEBHOOK_RETRY_SCHEDULE).
 	// The default is the Standard Webhooks specification's example: eight
 	// attempts over about 28 hours; a receiver down for longer misses the
 	// event (it stays listable in GET /v1/events for 30 days).
-	WebhookSchedule []time.Duration
+	WebhookSchedule []time.Duration `env:"WEBHOOK_RETRY_SCHEDULE" default:"0s,5s,5m,30m,2h,5h,10h,10h" min:"1" max:"20" help:"delay before each delivery attempt; its length is the attempts"`
 	// ShutdownTimeout bounds graceful shutdown after SIGTERM (SHUTDOWN_TIMEOUT).
-	ShutdownTimeout time.Duration
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" default:"20s" min:"1s" help:"bound on graceful shutdown"`
 	// LogLevel is debug, info, warn or error (LOG_LEVEL).
-	LogLevel slog.Level
-}
-
-// Defaults returns the configuration used when no variable is set.
-func Defaults() Config {
-	return Config{
-		Env:                        EnvDevelopment,
-		Addr:                       ":8080",
-		MetricsAddr:                ":9090",
-		DatabaseURL:                "postgres://payments_app@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateDatabaseURL:         "postgres://postgres@127.0.0.1:5432/payments?sslmode=disable",
-		MaintenanceDatabaseURL:     "postgres://payments_maintenance@127.0.0.1:5432/payments?sslmode=disable",
-		MigrateOnStart:             true,
-		DBMaxConns:                 32,
-		DBAcquireTimeout:           2 * time.Second,
-		LockTimeout:                5 * time.Second,
-		DBIdleInTxTimeout:          10 * time.Second,
-		DBCommitTimeout:            3 * time.Second,
-		Processor:                  ProcessorHTTP,
-		ProcessorTimeout:           10 * time.Second,
-		Stripe:                     StripeSettings{PaymentMethod: StripeTestPaymentMethod},
-		OutboxWorkers:              400,
-		WebhookWorkers:             200,
-		OutboxDBMaxConns:           16,
-		WebhookDBMaxConns:          4,
-		OutboxJobTimeout:           30 * time.Second,
-		OutboxRescueAfter:          2 * time.Minute,
-		OutboxMaxAttempts:          15,
-		OutboxRetryBase:            time.Second,
-		OutboxRetryMax:             10 * time.Minute,
-		ProcessorKeyWindow:         24 * time.Hour,
-		ReconcileInterval:          time.Minute,
-		ReconcileGrace:             2 * time.Minute,
-		IdempotencyWindow:          24 * time.Hour,
-		IdempotencyMargin:          time.Hour,
-		MaxBodyBytes:               1 << 20,
-		MaxStoredResponseBytes:     64 << 10,
-		KeyQuota:                   1_000_000,
-		RateLimit:                  100,
-		RateLimitUnauthenticated:   20,
-		QuotaRefresh:               5 * time.Second,
-		SweepInterval:              time.Minute,
-		SweepChunk:                 1000,
-		SweepPause:                 50 * time.Millisecond,
-		RequestTimeout:             15 * time.Second,
-		BodyTimeout:                10 * time.Second,
-		ShutdownTimeout:            20 * time.Second,
-		LogLevel:                   slog.LevelInfo,
-		WebhookSigningKey:          DevelopmentWebhookKey,
-		WebhookAllowPrivateURLs:    true, // development: a receiver on this machine
-		WebhookTimeout:             10 * time.Second,
-		WebhookEndpointConcurrency: 8,
-		WebhookDisableAfter:        5 * 24 * time.Hour,
-		WebhookSchedule: []time.Duration{0, 5 * time.Second, 5 * time.Minute, 30 * time.Minute,
-			2 * time.Hour, 5 * time.Hour, 10 * time.Hour, 10 * time.Hour},
-	}
+	LogLevel slog.Level `env:"LOG_LEVEL" default:"info" help:"debug, info, warn or error"`
 }
 
 // DevelopmentWebhookKey is the webhook signing key of development, when
-// WEBHOOK_SIGNING_KEY is unset: published here, so anyone can derive its
-// secrets. Production refuses to run without a key of its own.
-var DevelopmentWebhookKey = []byte("development webhook key: set WEBHOOK_SIGNING_KEY!")
+// WEBHOOK_SIGNING_KEY is unset (its default tag, in base64): published
+// here, so anyone can derive its secrets. Production refuses to run
+// without a key of its own.
+var DevelopmentWebhookKey = Defaults().WebhookSigningKey
 
 // Load reads the environment through getenv (os.Getenv in production) on top
 // of Defaults and validates the result. The error names every bad variable.
 func Load(getenv func(string) string) (Config, error) {
 	c := Defaults()
 	var errs []error
-	str := func(name string, dst *string) {
-		if v := getenv(name); v != "" {
-			*dst = v
+	for _, f := range fields(&c) {
+		if v := getenv(f.name); v != "" {
+			if err := f.set(v); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
-	dur := func(name string, dst *time.Duration, min time.Duration) {
-		v := getenv(name)
-		if v == "" {
-			return
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil || d < min {
-			errs = append(errs, fmt.Errorf("%s=%q: want a duration of at least %s, like 5s or 24h", name, v, min))
-			return
-		}
-		*dst = d
-	}
-	integer := func(name string, min, max int64, set func(int64)) {
-		v := getenv(name)
-		if v == "" {
-			return
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < min || n > max {
-			errs = append(errs, fmt.Errorf("%s=%q: want an integer from %d to %d", name, v, min, max))
-			return
-		}
-		set(n)
-	}
-	rate := func(name string, dst *float64) {
-		v := getenv(name)
-		if v == "" {
-			return
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f < 0 || f > 1 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a probability from 0 to 1", name, v))
-			return
-		}
-		*dst = f
-	}
-	boolean := func(name string, dst *bool) {
-		v := getenv(name)
-		if v == "" {
-			return
-		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: want true or false", name, v))
-			return
-		}
-		*dst = b
-	}
-
-	str("APP_ENV", &c.Env)
 	switch c.Env {
 	case EnvDevelopment:
 	case EnvProduction:
-		c.MigrateOnStart = false // migrations are their own step: `api migrate up`
-		c.WebhookAllowPrivateURLs = false
+		// Defaults of a developer's machine that production does not take
+		// unless told to (and then refuses, below).
+		if getenv("MIGRATE_ON_START") == "" {
+			c.MigrateOnStart = false // migrations are their own step: `api migrate up`
+		}
+		if getenv("WEBHOOK_ALLOW_PRIVATE_URLS") == "" {
+			c.WebhookAllowPrivateURLs = false
+		}
 	default:
 		errs = append(errs, fmt.Errorf("APP_ENV=%q: want development or production", c.Env))
 	}
-	str("ADDR", &c.Addr)
-	str("METRICS_ADDR", &c.MetricsAddr)
-	boolean("PPROF", &c.Pprof)
-	str("ADMIN_PASSWORD", &c.AdminPassword)
-	str("DATABASE_URL", &c.DatabaseURL)
 	// One setting names the database: unset, the owner's and the
 	// maintenance role's URLs are DATABASE_URL with their own user, so
 	// pointing DATABASE_URL elsewhere moves all three together.
 	if getenv("DATABASE_URL") != "" {
-		c.MigrateDatabaseURL = database.WithUser(c.DatabaseURL, "postgres")
-		c.MaintenanceDatabaseURL = database.WithUser(c.DatabaseURL, "payments_maintenance")
+		if getenv("MIGRATE_DATABASE_URL") == "" {
+			c.MigrateDatabaseURL = database.WithUser(c.DatabaseURL, "postgres")
+		}
+		if getenv("MAINTENANCE_DATABASE_URL") == "" {
+			c.MaintenanceDatabaseURL = database.WithUser(c.DatabaseURL, "payments_maintenance")
+		}
 	}
-	str("MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL)
-	str("MAINTENANCE_DATABASE_URL", &c.MaintenanceDatabaseURL)
-	boolean("MIGRATE_ON_START", &c.MigrateOnStart)
-	integer("DB_MAX_CONNS", 1, 1000, func(n int64) { c.DBMaxConns = int32(n) })
-	dur("DB_ACQUIRE_TIMEOUT", &c.DBAcquireTimeout, time.Millisecond)
-	dur("LOCK_TIMEOUT", &c.LockTimeout, time.Millisecond)
-	dur("DB_IDLE_IN_TX_TIMEOUT", &c.DBIdleInTxTimeout, 100*time.Millisecond)
-	dur("DB_COMMIT_TIMEOUT", &c.DBCommitTimeout, 100*time.Millisecond)
 	if c.DBCommitTimeout >= 5*time.Second {
 		errs = append(errs, errors.New("DB_COMMIT_TIMEOUT must be under 5s: the response must still be written after it (REQUEST_TIMEOUT + 5s)"))
 	}
-	str("PROCESSOR", &c.Processor)
-	str("PROCESSOR_URL", &c.ProcessorURL)
-	str("STRIPE_SECRET_KEY", &c.Stripe.SecretKey)
-	str("STRIPE_API_URL", &c.Stripe.URL)
-	str("STRIPE_PAYMENT_METHOD", &c.Stripe.PaymentMethod)
-	dur("PROCESSOR_TIMEOUT", &c.ProcessorTimeout, time.Millisecond)
-	dur("PROCESSOR_SIM_LATENCY", &c.Sim.Latency, 0)
-	rate("PROCESSOR_SIM_ERROR_RATE", &c.Sim.ErrorRate)
-	rate("PROCESSOR_SIM_DROP_RATE", &c.Sim.DropRate)
-	rate("PROCESSOR_SIM_TIMEOUT_RATE", &c.Sim.TimeoutRate)
-	dur("PROCESSOR_SIM_HOLD", &c.Sim.Hold, 0)
-	dur("PROCESSOR_SIM_COMMIT_DELAY", &c.Sim.CommitDelay, 0)
-	integer("OUTBOX_WORKERS", 0, 10000, func(n int64) { c.OutboxWorkers = int(n) })
-	integer("WEBHOOK_WORKERS", 0, 10000, func(n int64) { c.WebhookWorkers = int(n) })
-	integer("OUTBOX_DB_MAX_CONNS", 1, 1000, func(n int64) { c.OutboxDBMaxConns = int32(n) })
-	integer("WEBHOOK_DB_MAX_CONNS", 1, 1000, func(n int64) { c.WebhookDBMaxConns = int32(n) })
-	dur("OUTBOX_JOB_TIMEOUT", &c.OutboxJobTimeout, time.Second)
-	dur("OUTBOX_RESCUE_AFTER", &c.OutboxRescueAfter, time.Second)
-	integer("OUTBOX_MAX_ATTEMPTS", 1, 100, func(n int64) { c.OutboxMaxAttempts = int(n) })
-	dur("OUTBOX_RETRY_BASE", &c.OutboxRetryBase, time.Millisecond)
-	dur("OUTBOX_RETRY_MAX", &c.OutboxRetryMax, time.Millisecond)
-	dur("PROCESSOR_KEY_WINDOW", &c.ProcessorKeyWindow, time.Minute)
-	dur("RECONCILE_INTERVAL", &c.ReconcileInterval, time.Second)
-	dur("RECONCILE_GRACE", &c.ReconcileGrace, time.Second)
-	dur("IDEMPOTENCY_WINDOW", &c.IdempotencyWindow, time.Minute)
-	dur("IDEMPOTENCY_MARGIN", &c.IdempotencyMargin, 0)
-	integer("MAX_BODY_BYTES", 1024, 64<<20, func(n int64) { c.MaxBodyBytes = n })
-	integer("MAX_STORED_RESPONSE_BYTES", 1, 16<<20, func(n int64) { c.MaxStoredResponseBytes = int(n) })
-	integer("IDEMPOTENCY_KEY_QUOTA", 0, 1<<50, func(n int64) { c.KeyQuota = n })
-	integer("RATE_LIMIT", 0, 1_000_000, func(n int64) { c.RateLimit = int(n) })
-	integer("RATE_LIMIT_UNAUTHENTICATED", 0, 1_000_000, func(n int64) { c.RateLimitUnauthenticated = int(n) })
-	dur("IDEMPOTENCY_QUOTA_REFRESH", &c.QuotaRefresh, 100*time.Millisecond)
-	dur("SWEEP_INTERVAL", &c.SweepInterval, 0)
-	integer("SWEEP_CHUNK", 1, 100_000, func(n int64) { c.SweepChunk = int(n) })
-	dur("SWEEP_PAUSE", &c.SweepPause, 0)
-	dur("REQUEST_TIMEOUT", &c.RequestTimeout, time.Second)
-	dur("BODY_TIMEOUT", &c.BodyTimeout, 100*time.Millisecond)
 	if getenv("BODY_TIMEOUT") == "" && c.BodyTimeout >= c.RequestTimeout {
 		// A short REQUEST_TIMEOUT alone (the fault suite's 1 s) keeps the
 		// order read < request: the body gets two thirds of it.
 		c.BodyTimeout = c.RequestTimeout * 2 / 3
-	}
-	dur("SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, time.Second)
-	if v := getenv("WEBHOOK_SIGNING_KEY"); v != "" {
-		key, err := base64.StdEncoding.DecodeString(v)
-		if err != nil || len(key) < 32 {
-			errs = append(errs, errors.New("WEBHOOK_SIGNING_KEY: want the standard base64 of at least 32 random bytes, like the output of `openssl rand -base64 32`"))
-		}
-		c.WebhookSigningKey = key
-	}
-	boolean("WEBHOOK_ALLOW_PRIVATE_URLS", &c.WebhookAllowPrivateURLs)
-	dur("WEBHOOK_TIMEOUT", &c.WebhookTimeout, 100*time.Millisecond)
-	integer("WEBHOOK_ENDPOINT_CONCURRENCY", 0, 10000, func(n int64) { c.WebhookEndpointConcurrency = int(n) })
-	dur("WEBHOOK_DISABLE_AFTER", &c.WebhookDisableAfter, 0)
-	if v := getenv("WEBHOOK_RETRY_SCHEDULE"); v != "" {
-		var schedule []time.Duration
-		for part := range strings.SplitSeq(v, ",") {
-			d, err := time.ParseDuration(strings.TrimSpace(part))
-			if err != nil || d < 0 {
-				schedule = nil
-				break
-			}
-			schedule = append(schedule, d)
-		}
-		if len(schedule) == 0 || len(schedule) > 20 {
-			errs = append(errs, fmt.Errorf("WEBHOOK_RETRY_SCHEDULE=%q: want 1 to 20 comma-separated durations, like 0s,5s,5m", v))
-		} else {
-			c.WebhookSchedule = schedule
-		}
-	}
-	if v := getenv("LOG_LEVEL"); v != "" {
-		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
-			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))
-		}
 	}
 	// When both are set, they must agree. (A lone MAINTENANCE_DATABASE_URL,
 	// for a cron's `api sweep`, says nothing about the service's database.)
@@ -539,13 +362,13 @@ const StripeSearchLag = 5 * time.Minute
 type StripeSettings struct {
 	// SecretKey is the API key (STRIPE_SECRET_KEY): sk_test_ or rk_test_
 	// for test mode, sk_live_ or rk_live_ to move money. Never logged.
-	SecretKey string
+	SecretKey string `env:"STRIPE_SECRET_KEY" default:"" secret:"true" help:"PROCESSOR=stripe: the API key; sk_live_ or rk_live_ moves money, sk_test_ is test mode"`
 	// URL is Stripe's API (STRIPE_API_URL); empty is Stripe's own, and
 	// stripe-mock is another.
-	URL string
+	URL string `env:"STRIPE_API_URL" default:"" help:"PROCESSOR=stripe: the API's address; empty: Stripe's own (stripe-mock for tests)"`
 	// PaymentMethod is charged for every payment (STRIPE_PAYMENT_METHOD):
 	// this API takes no card (docs/external-effects.md, "Stripe").
-	PaymentMethod string
+	PaymentMethod string `env:"STRIPE_PAYMENT_METHOD" default:"pm_card_visa" help:"PROCESSOR=stripe: the payment method charged (the API takes no card); the default is Stripe's test Visa"`
 }
 
 // Live reports whether the key moves real money.
@@ -580,12 +403,12 @@ func (s StripeSettings) check(processorURL string, reconcileGrace time.Duration)
 // after Hold; and CommitDelay, how long after its arrival a call is
 // processed, whether or not its caller still waits.
 type SimSettings struct {
-	Latency     time.Duration
-	CommitDelay time.Duration
-	ErrorRate   float64
-	DropRate    float64
-	TimeoutRate float64
-	Hold        time.Duration
+	Latency     time.Duration `env:"PROCESSOR_SIM_LATENCY" default:"0s" min:"0s" help:"api processor-sim: delay before each call is processed"`
+	CommitDelay time.Duration `env:"PROCESSOR_SIM_COMMIT_DELAY" default:"0s" min:"0s" help:"api processor-sim: a call is processed this long after it arrived, even if its caller gave up (a late charge)"`
+	ErrorRate   float64       `env:"PROCESSOR_SIM_ERROR_RATE" default:"0" min:"0" max:"1" help:"api processor-sim: share of calls answered 503, nothing done"`
+	DropRate    float64       `env:"PROCESSOR_SIM_DROP_RATE" default:"0" min:"0" max:"1" help:"api processor-sim: share of charges made whose reply is dropped"`
+	TimeoutRate float64       `env:"PROCESSOR_SIM_TIMEOUT_RATE" default:"0" min:"0" max:"1" help:"api processor-sim: share of replies held for PROCESSOR_SIM_HOLD"`
+	Hold        time.Duration `env:"PROCESSOR_SIM_HOLD" default:"0s" min:"0s" help:"api processor-sim: how long a held reply waits"`
 }
 
 // RetrySchedule is the longest time from a job's first processor call to its
@@ -607,47 +430,6 @@ func (c Config) RetrySchedule() time.Duration {
 
 // Retention is how long a key row is kept: the window plus the margin.
 func (c Config) Retention() time.Duration { return c.IdempotencyWindow + c.IdempotencyMargin }
-
-// LogAttrs returns the settings as log attributes, with passwords masked.
-func (c Config) LogAttrs() []any {
-	return []any{
-		slog.String("app_env", c.Env),
-		slog.Bool("livemode", c.Livemode()),
-		slog.String("addr", c.Addr),
-		slog.String("metrics_addr", c.MetricsAddr),
-		slog.Bool("admin_password_set", c.AdminPassword != ""),
-		slog.String("database_url", redact(c.DatabaseURL)),
-		slog.String("migrate_database_url", redact(c.MigrateDatabaseURL)),
-		slog.String("maintenance_database_url", redact(c.MaintenanceDatabaseURL)),
-		slog.Bool("migrate_on_start", c.MigrateOnStart),
-		slog.Int("db_max_conns", int(c.DBMaxConns)),
-		slog.String("db_acquire_timeout", c.DBAcquireTimeout.String()),
-		slog.String("lock_timeout", c.LockTimeout.String()),
-		slog.String("db_idle_in_tx_timeout", c.DBIdleInTxTimeout.String()),
-		slog.String("idempotency_window", c.IdempotencyWindow.String()),
-		slog.String("idempotency_margin", c.IdempotencyMargin.String()),
-		slog.Int64("max_body_bytes", c.MaxBodyBytes),
-		slog.Int("max_stored_response_bytes", c.MaxStoredResponseBytes),
-		slog.Int64("idempotency_key_quota", c.KeyQuota),
-		slog.String("sweep_interval", c.SweepInterval.String()),
-		slog.String("request_timeout", c.RequestTimeout.String()),
-		slog.String("body_timeout", c.BodyTimeout.String()),
-		slog.String("processor", c.Processor),
-		slog.String("processor_url", redact(c.ProcessorURL)),
-		slog.Int("outbox_workers", c.OutboxWorkers),
-		slog.Int("webhook_workers", c.WebhookWorkers),
-		slog.Int("outbox_db_max_conns", int(c.OutboxDBMaxConns)),
-		slog.Int("webhook_db_max_conns", int(c.WebhookDBMaxConns)),
-		slog.String("outbox_retry_schedule", c.RetrySchedule().Round(time.Second).String()),
-		slog.String("processor_key_window", c.ProcessorKeyWindow.String()),
-		slog.String("reconcile_interval", c.ReconcileInterval.String()),
-		slog.Bool("webhook_allow_private_urls", c.WebhookAllowPrivateURLs),
-		slog.String("webhook_timeout", c.WebhookTimeout.String()),
-		slog.Int("webhook_endpoint_concurrency", c.WebhookEndpointConcurrency),
-		slog.String("webhook_disable_after", c.WebhookDisableAfter.String()),
-		slog.String("webhook_retry_schedule", formatSchedule(c.WebhookSchedule)),
-	}
-}
 
 // formatSchedule writes a delivery schedule as WEBHOOK_RETRY_SCHEDULE takes it.
 func formatSchedule(schedule []time.Duration) string {

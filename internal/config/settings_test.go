@@ -1,11 +1,15 @@
 package config_test
 
 import (
+	"fmt"
+	"log/slog"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -57,4 +61,73 @@ func TestREADMEListsEverySetting(t *testing.T) {
 	}
 	delete(rows, "OTEL_EXPORTER_OTLP_ENDPOINT") // read by OpenTelemetry's SDK, not by Load
 	require.Empty(t, rows, "README lists settings the code does not have")
+}
+
+// Every field of Config is a setting declared whole (a variable, a line of
+// help, bounds where it has any), or a struct of such settings: a field
+// without its tags would be read by nothing and shown nowhere.
+func TestEverySettingIsDeclaredWhole(t *testing.T) {
+	t.Parallel()
+	var walk func(typ reflect.Type)
+	walk = func(typ reflect.Type) {
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			name, ok := f.Tag.Lookup("env")
+			if !ok {
+				require.Equal(t, reflect.Struct, f.Type.Kind(), "%s has no env tag", f.Name)
+				walk(f.Type)
+				continue
+			}
+			require.Regexp(t, `^[A-Z][A-Z0-9_]+$`, name, f.Name)
+			require.NotEmpty(t, f.Tag.Get("help"), "%s: a line of help", name)
+			_, hasDefault := f.Tag.Lookup("default")
+			require.True(t, hasDefault, "%s: a default", name)
+			switch f.Type.Kind() {
+			case reflect.Int, reflect.Int32, reflect.Int64, reflect.Float64:
+				if f.Type != reflect.TypeFor[time.Duration]() && f.Type != reflect.TypeFor[slog.Level]() {
+					require.NotEmpty(t, f.Tag.Get("min"), "%s: a lower bound", name)
+					require.NotEmpty(t, f.Tag.Get("max"), "%s: an upper bound", name)
+				} else if f.Type == reflect.TypeFor[time.Duration]() {
+					require.NotEmpty(t, f.Tag.Get("min"), "%s: a lower bound", name)
+				}
+			}
+		}
+	}
+	walk(reflect.TypeFor[config.Config]())
+}
+
+// A secret's bad value is refused without being repeated, and the log
+// shows only that it was set.
+func TestSecretsAreNeverShown(t *testing.T) {
+	t.Parallel()
+	_, err := config.Load(func(name string) string {
+		if name == "WEBHOOK_SIGNING_KEY" {
+			return "c2hvcnQtYnV0LXNlY3JldA=="
+		}
+		return ""
+	})
+	require.ErrorContains(t, err, "WEBHOOK_SIGNING_KEY")
+	require.NotContains(t, err.Error(), "c2hvcnQtYnV0LXNlY3JldA==")
+
+	key := "bG9uZy1lbm91Z2gtYW5kLXNlY3JldC1rZXktb2YtdGhpcnR5LXR3bw=="
+	c, err := config.Load(func(name string) string {
+		switch name {
+		case "WEBHOOK_SIGNING_KEY":
+			return key
+		case "ADMIN_PASSWORD":
+			return "correct horse battery staple"
+		}
+		return ""
+	})
+	require.NoError(t, err)
+	logged := fmt.Sprint(c.LogAttrs()...)
+	require.NotContains(t, logged, key)
+	require.NotContains(t, logged, "long-enough")
+	require.NotContains(t, logged, "correct horse")
+	require.Contains(t, logged, "webhook_signing_key_set=true")
+	require.Contains(t, logged, "admin_password_set=true")
+	require.Contains(t, logged, "stripe_secret_key_set=false")
+	for _, s := range config.Settings() {
+		require.Contains(t, logged, strings.ToLower(s.Name), "every setting is logged at start")
+	}
 }
