@@ -84,6 +84,92 @@ CREATE OR REPLACE TRIGGER webhook_deliveries_worker_xid BEFORE INSERT ON webhook
 -- coordinator's address only.
 ALTER ROLE payments_definer LOGIN;
 
+-- The relay's read and delete when a worker is down (docs/scaling.md, "The
+-- outbox on the shard"). As migration 24 wrote them, each is one statement
+-- over every shard, which Citus fails whole when one worker is down: every
+-- tenant's charges waited for that worker. Here each first runs that one
+-- statement (about 15 ms a pass here), and only when it fails to reach a
+-- node (class 08, or Citus's XX000) falls back: the read asks each node for
+-- its own shards' jobs (outbox_pending_here, on every node, through
+-- run_command_on_all_nodes: about 190 ms a pass, new connections each
+-- time), leaving out a node that does not answer; the delete goes
+-- principal by principal, each on its shard. The tenants of the workers
+-- that are up are charged. Replaced again by every migrate up, after the
+-- numbered migrations, which keep the one-server versions.
+CREATE OR REPLACE FUNCTION outbox_pending_here(max_rows int) RETURNS json
+    LANGUAGE plpgsql STABLE
+    SET search_path = public, pg_temp
+AS $$
+DECLARE
+    shard regclass;
+    reads text[] := '{}';
+    pending json;
+BEGIN
+    FOR shard IN SELECT c.oid::regclass FROM pg_class c
+                 WHERE c.relkind = 'r' AND c.relname ~ '^outbox_jobs_[0-9]+$' LOOP
+        reads := reads || format('(SELECT principal_id, id, kind, queue, args, metadata, max_attempts, created_at FROM %s ORDER BY created_at, id LIMIT %s)', shard, max_rows);
+    END LOOP;
+    IF cardinality(reads) = 0 THEN
+        RETURN '[]';
+    END IF;
+    EXECUTE format('SELECT coalesce(json_agg(j ORDER BY j.created_at, j.id), ''[]'') FROM (SELECT * FROM (%s) u ORDER BY created_at, id LIMIT %s) j',
+                   array_to_string(reads, ' UNION ALL '), max_rows)
+        INTO pending;
+    RETURN pending;
+END
+$$;
+SELECT create_distributed_function('outbox_pending_here(int)')
+WHERE NOT EXISTS (SELECT FROM pg_dist_object WHERE objid = 'outbox_pending_here(int)'::regprocedure);
+CREATE OR REPLACE FUNCTION outbox_pending(max_rows int)
+    RETURNS TABLE (principal_id uuid, id uuid, kind text, queue text, args jsonb, metadata jsonb,
+                   max_attempts smallint, created_at timestamptz)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path = public, pg_temp
+AS $$
+BEGIN
+    BEGIN
+        RETURN QUERY
+        SELECT o.principal_id, o.id, o.kind, o.queue, o.args, o.metadata, o.max_attempts, o.created_at
+        FROM outbox_jobs o ORDER BY o.created_at, o.id LIMIT max_rows;
+        RETURN;
+    EXCEPTION WHEN connection_exception OR internal_error THEN
+        NULL; -- a node is down: read the others, below
+    END;
+    RETURN QUERY
+    SELECT j.principal_id, j.id, j.kind, j.queue, j.args, j.metadata, j.max_attempts, j.created_at
+    FROM run_command_on_all_nodes(format('SELECT outbox_pending_here(%s)', max_rows)) r
+    CROSS JOIN LATERAL json_to_recordset(CASE WHEN r.success THEN r.result::json ELSE '[]' END)
+        AS j (principal_id uuid, id uuid, kind text, queue text, args jsonb, metadata jsonb,
+              max_attempts smallint, created_at timestamptz)
+    ORDER BY j.created_at, j.id LIMIT max_rows;
+END
+$$;
+CREATE OR REPLACE FUNCTION outbox_relayed(principals uuid[], ids uuid[])
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = public, pg_temp
+AS $$
+DECLARE
+    p uuid;
+    deleted bigint;
+    n bigint := 0;
+BEGIN
+    BEGIN
+        DELETE FROM outbox_jobs WHERE principal_id = ANY (principals) AND id = ANY (ids);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        RETURN n;
+    EXCEPTION WHEN connection_exception OR internal_error THEN
+        NULL; -- a node is down: delete on the shards of the others, below
+    END;
+    FOR p IN SELECT DISTINCT u FROM unnest(principals) u LOOP
+        DELETE FROM outbox_jobs WHERE principal_id = p AND id = ANY (ids);
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        n := n + deleted;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
 -- The tenant a request's SET LOCAL names must reach the worker that runs
 -- its statements, where row-level security reads it.
 ALTER SYSTEM SET citus.propagate_set_commands = 'local';

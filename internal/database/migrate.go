@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
-	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // registers pgx5://
+	migratedb "github.com/golang-migrate/migrate/v4/database"
+	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,17 +27,31 @@ import (
 // must run as the role that owns the tables (and may create roles), never as
 // the service role.
 func Migrate(ctx context.Context, ownerURL string) error {
-	src, err := iofs.New(migrations.FS, ".")
+	return MigrateFrom(ctx, ownerURL, migrations.FS)
+}
+
+// MigrateFrom is Migrate with the numbered migrations read from fsys: a
+// test's migrations beside the embedded ones.
+func MigrateFrom(ctx context.Context, ownerURL string, fsys fs.FS) error {
+	src, err := iofs.New(fsys, ".")
 	if err != nil {
 		return fmt.Errorf("open embedded migrations: %w", err)
 	}
-	// golang-migrate's pgx/v5 driver registers the pgx5:// scheme.
+	// golang-migrate's pgx/v5 driver takes the pgx5:// scheme.
 	u, err := url.Parse(ownerURL)
 	if err != nil {
 		return fmt.Errorf("parse owner database url: %w", err)
 	}
 	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
+	driver, err := (&pgxmigrate.Postgres{}).Open(u.String())
+	if err != nil {
+		return fmt.Errorf("connect for migrations: %w", Classify(err))
+	}
+	citus, err := hasCitus(ctx, ownerURL)
+	if err != nil {
+		return err
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", statementDriver{Driver: driver, citus: citus})
 	if err != nil {
 		return fmt.Errorf("connect for migrations: %w", Classify(err))
 	}
@@ -47,29 +64,67 @@ func Migrate(ctx context.Context, ownerURL string) error {
 	if err := migrateRiver(ctx, ownerURL); err != nil {
 		return err
 	}
+	if !citus {
+		return nil
+	}
 	return distributeOnCitus(ctx, ownerURL)
 }
 
-// distributeOnCitus runs migrations.Citus when the database is a Citus
-// coordinator (it has the citus extension): the tables spread over the
+// statementDriver is golang-migrate's PostgreSQL driver, but it sends a
+// migration file a statement at a time (statements), on its one
+// connection, instead of the whole file as one query string: Citus refuses
+// DDL on a distributed table (CREATE INDEX, CREATE TRIGGER) inside a
+// multi-statement query string ("cannot insert multiple commands into a
+// prepared statement"), so a migration written after the schema was
+// distributed failed on a cluster. The file's own BEGIN and COMMIT are
+// statements too, so it still commits whole or not at all; golang-migrate
+// keeps its version table, its lock and its dirty flag as before.
+//
+// On Citus it also runs the file's multi-shard commands one shard at a
+// time (citus.multi_shard_modify_mode = 'sequential'): Citus refuses, in
+// one transaction, to propagate a new function after a DDL command that
+// ran on the shards in parallel ("cannot run function command because
+// there was a parallel operation on a distributed table in the
+// transaction"). Slower, and a migration runs once.
+type statementDriver struct {
+	migratedb.Driver
+	citus bool
+}
+
+// Run runs each statement of the migration in order; at the first that
+// fails it rolls back the file's transaction and stops, leaving the
+// version dirty, as golang-migrate does for a failed file.
+func (d statementDriver) Run(migration io.Reader) error {
+	raw, err := io.ReadAll(migration)
+	if err != nil {
+		return err
+	}
+	if d.citus {
+		if err := d.Driver.Run(strings.NewReader(`SET citus.multi_shard_modify_mode TO 'sequential'`)); err != nil {
+			return err
+		}
+	}
+	for _, stmt := range statements(string(raw)) {
+		if err := d.Driver.Run(strings.NewReader(stmt)); err != nil {
+			_ = d.Driver.Run(strings.NewReader("ROLLBACK"))
+			return err
+		}
+	}
+	return nil
+}
+
+// distributeOnCitus runs migrations.Citus, on a Citus coordinator (a
+// database with the citus extension): the tables spread over the
 // workers by principal, as part of the migrations rather than a script
 // an operator must remember, and a table a later migration adds is
 // distributed by the same command. Each statement runs on its own (ALTER
-// SYSTEM refuses a transaction block); a database without Citus is left as
-// it is.
+// SYSTEM refuses a transaction block).
 func distributeOnCitus(ctx context.Context, ownerURL string) error {
 	conn, err := pgx.Connect(ctx, ownerURL)
 	if err != nil {
 		return fmt.Errorf("connect to distribute: %w", Classify(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var citus bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
-		return fmt.Errorf("look for citus: %w", err)
-	}
-	if !citus {
-		return nil
-	}
 	for _, stmt := range statements(migrations.Citus) {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("distribute on Citus: %w\n%s", err, stmt)
@@ -78,8 +133,23 @@ func distributeOnCitus(ctx context.Context, ownerURL string) error {
 	return nil
 }
 
+// hasCitus reports whether the database at url is a Citus coordinator (it
+// has the citus extension).
+func hasCitus(ctx context.Context, url string) (bool, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return false, fmt.Errorf("connect to look for citus: %w", Classify(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var citus bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return false, fmt.Errorf("look for citus: %w", err)
+	}
+	return citus, nil
+}
+
 // statements splits sql into statements at each semicolon that ends a line
-// outside a $$-quoted body and outside a comment line, leaving out what
+// (before a trailing -- comment) outside a $$-quoted body, leaving out what
 // holds only comments and space.
 func statements(sql string) []string {
 	var out []string
@@ -87,13 +157,14 @@ func statements(sql string) []string {
 	inBody := false
 	for line := range strings.Lines(sql) {
 		cur.WriteString(line)
-		if strings.HasPrefix(strings.TrimSpace(line), "--") {
-			continue // a comment's $$ or semicolon is text
+		code := line
+		if i := strings.Index(code, "--"); i >= 0 && strings.Count(code[:i], "'")%2 == 0 {
+			code = code[:i] // a comment's $$ or semicolon is text
 		}
-		if strings.Count(line, "$$")%2 == 1 {
+		if strings.Count(code, "$$")%2 == 1 {
 			inBody = !inBody
 		}
-		if !inBody && strings.HasSuffix(strings.TrimRight(line, " \t\r\n"), ";") {
+		if !inBody && strings.HasSuffix(strings.TrimRight(code, " \t\r\n"), ";") {
 			out = appendStatement(out, cur.String())
 			cur.Reset()
 		}

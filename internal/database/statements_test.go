@@ -1,6 +1,7 @@
 package database
 
 import (
+	"io/fs"
 	"strings"
 	"testing"
 
@@ -41,4 +42,43 @@ func TestCitusDistributionSplitsIntoStatements(t *testing.T) {
 	require.True(t, strings.HasPrefix(stmts[len(stmts)-2], "-- The tenant a request's SET LOCAL"))
 	require.True(t, strings.HasSuffix(stmts[len(stmts)-2], "ALTER SYSTEM SET citus.propagate_set_commands = 'local';"))
 	require.Equal(t, "SELECT pg_reload_conf();", stmts[len(stmts)-1])
+}
+
+// A statement ends at a semicolon before a trailing comment too, and a
+// semicolon in a comment or a $$ body ends nothing: a migration runs a
+// statement at a time (statementDriver), so one left joined to the next
+// would reach Citus as the multi-statement string it refuses.
+func TestStatementsEndBeforeATrailingComment(t *testing.T) {
+	t.Parallel()
+	got := statements(`BEGIN;
+-- a comment; with a semicolon
+GRANT CREATE ON SCHEMA public TO payments_definer; -- for the handover
+CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$
+    SELECT 1; -- inside the body
+$$;
+SELECT '--not a comment;';
+COMMIT;
+`)
+	require.Equal(t, []string{
+		"BEGIN;",
+		"-- a comment; with a semicolon\nGRANT CREATE ON SCHEMA public TO payments_definer; -- for the handover",
+		"CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$\n    SELECT 1; -- inside the body\n$$;",
+		"SELECT '--not a comment;';",
+		"COMMIT;",
+	}, got)
+	// Every migration splits into statements that each end with one.
+	entries, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	for _, name := range entries {
+		raw, err := fs.ReadFile(migrations.FS, name)
+		require.NoError(t, err)
+		for _, stmt := range statements(string(raw)) {
+			last := stmt[strings.LastIndex(stmt, "\n")+1:]
+			if i := strings.Index(last, "--"); i >= 0 && strings.Count(last[:i], "'")%2 == 0 {
+				last = last[:i]
+			}
+			require.True(t, strings.HasSuffix(strings.TrimSpace(last), ";"), "%s: a statement that does not end with one:\n%s", name, stmt)
+		}
+	}
 }
