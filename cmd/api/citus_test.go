@@ -253,6 +253,70 @@ func TestPaymentsOnCitus(t *testing.T) {
 	c.requireOneShard(t)
 }
 
+// goneEndpointAndSweep drives, through the service at addr on the cluster,
+// a webhook endpoint whose receiver answers 410 (it is disabled by its
+// first delivery), then `api sweep` (expired keys, and events past their 30
+// days, deleted a principal at a time as the maintenance role).
+func (c citusCluster) goneEndpointAndSweep(t *testing.T, addr string, getenv func(string) string) {
+	t.Helper()
+	ctx := context.Background()
+	gone := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusGone) }))
+	t.Cleanup(gone.Close)
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"keys", "create", "--principal", "gone", "--scopes", "payments:write,payments:read,events:read,webhooks:write"}, getenv, &out))
+	var key struct{ Secret string }
+	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
+	call := func(method, path, idempotencyKey, body string) (int, string) {
+		req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+key.Secret)
+		if idempotencyKey != "" {
+			req.Header.Set("Idempotency-Key", idempotencyKey)
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(raw)
+	}
+	status, body := call(http.MethodPost, "/v1/webhook_endpoints", "gone-endpoint", `{"url": "`+gone.URL+`"}`)
+	require.Equal(t, http.StatusCreated, status, body)
+	var ep struct{ ID string }
+	require.NoError(t, json.Unmarshal([]byte(body), &ep))
+	status, body = call(http.MethodPost, "/v1/payments", "gone-payment", `{"amount": 1000, "currency": "usd"}`)
+	require.Equal(t, http.StatusCreated, status, body)
+	require.Eventually(t, func() bool {
+		_, now := call(http.MethodGet, "/v1/webhook_endpoints/"+ep.ID, "", "")
+		return strings.Contains(now, `"status":"disabled"`) && strings.Contains(now, `"disabled_reason":"receiver_gone"`)
+	}, 30*time.Second, 100*time.Millisecond, "the endpoint answering 410 was not disabled")
+
+	// api sweep: every key past its window, every event past its 30 days.
+	_, err := c.admin.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	var expired int64
+	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&expired))
+	require.Positive(t, expired)
+	tag, err := c.admin.Exec(ctx, `UPDATE events SET created_at = now() - interval '31 days'`)
+	require.NoError(t, err)
+	require.Positive(t, tag.RowsAffected())
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"sweep"}, getenv, &out))
+	var swept struct {
+		Deleted       int64 `json:"deleted"`
+		EventsDeleted int64 `json:"events_deleted"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &swept), out.String())
+	// The service's own sweeper (every minute) may have taken some first.
+	t.Logf("api sweep deleted %d of %d expired keys and %d of %d old events", swept.Deleted, expired, swept.EventsDeleted, tag.RowsAffected())
+	var keysLeft, eventsLeft int64
+	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&keysLeft))
+	require.Zero(t, keysLeft, "expired keys left after the sweep")
+	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&eventsLeft))
+	require.Zero(t, eventsLeft, "events past their 30 days left after the sweep")
+}
+
 // tenantKey is an API key of a tenant, and the port of the worker that
 // holds the tenant's shard.
 type tenantKey struct {

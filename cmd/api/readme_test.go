@@ -66,7 +66,9 @@ func TestREADMEWebhookWalkThroughRuns(t *testing.T) {
 
 // The README's walk-throughs on a Citus cluster (issue #33), pasted as on
 // one server, against a service on the coordinator: every status the same,
-// and the webhook delivered and applied by the example receiver.
+// and the webhook delivered and applied by the example receiver; then, on
+// the same cluster, what they do not show: a receiver that answers 410, and
+// the sweepers.
 func TestREADMEWalkThroughsRunOnCitus(t *testing.T) {
 	c := startCitus(t, 26372)
 	block := readmeBlock(t, "## Walk-through with curl")
@@ -86,6 +88,7 @@ func TestREADMEWalkThroughsRunOnCitus(t *testing.T) {
 		"RECEIVER="+receiver, "RECEIVER_DB=readme_receiver")
 	require.Contains(t, out, `"attempt":1,"status_code":200`, "the first delivery was not the one taken; output:\n%s", out)
 	require.Contains(t, out, "msg=applied", "the receiver did not apply the event; output:\n%s", out)
+	c.goneEndpointAndSweep(t, addr, env(vars))
 	c.requireOneShard(t)
 }
 

@@ -66,13 +66,13 @@ func TestAReplayWaitsForTheStandby(t *testing.T) {
 	})
 	waitOK(t, "http://"+addr+"/healthz")
 
-	pay := func(timeout time.Duration) (int, string, string) {
-		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1000, "currency": "usd"}`))
+	payUntil := func(reqCtx context.Context) (int, string, string) {
+		req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1000, "currency": "usd"}`))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+key.Secret)
 		req.Header.Set("Idempotency-Key", "order-1")
 		req.Header.Set("Content-Type", "application/json")
-		resp, err := (&http.Client{Timeout: timeout}).Do(req)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return 0, "", ""
 		}
@@ -81,12 +81,31 @@ func TestAReplayWaitsForTheStandby(t *testing.T) {
 		require.NoError(t, err)
 		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(body)
 	}
-	status, _, _ := pay(200 * time.Millisecond)
-	require.Zero(t, status, "the client gave up while the COMMIT waited for the standby")
+	pay := func(timeout time.Duration) (int, string, string) {
+		reqCtx, stop := context.WithTimeout(ctx, timeout)
+		defer stop()
+		return payUntil(reqCtx)
+	}
 
 	admin, err := pgx.Connect(ctx, url("postgres")+local)
 	require.NoError(t, err)
 	defer admin.Close(context.Background())
+	// The client gives up once the request's COMMIT waits for the standby
+	// (a fixed 200 ms timeout was, on a loaded machine, sometimes before
+	// the request reached its COMMIT, which then never happened).
+	reqCtx, giveUp := context.WithCancel(ctx)
+	first := make(chan int, 1)
+	go func() {
+		status, _, _ := payUntil(reqCtx)
+		first <- status
+	}()
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&waiting))
+		return waiting == 1
+	}, 10*time.Second, 20*time.Millisecond, "the request's COMMIT never waited for the standby")
+	giveUp()
+	require.Zero(t, <-first, "the client gave up while the COMMIT waited for the standby")
 	require.Eventually(t, func() bool {
 		var n int
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n))
