@@ -1,10 +1,11 @@
 // Package migrations holds the schema as numbered SQL files, embedded into the
 // binary so that `api migrate up` and `api serve` need nothing on disk.
 //
-// Files follow golang-migrate's NNNNNN_name.up.sql / .down.sql convention. Each
-// file wraps itself in BEGIN/COMMIT because golang-migrate's pgx driver sends a
-// file as one multi-statement query, which PostgreSQL otherwise runs statement
-// by statement, leaving half a migration behind when one statement fails.
+// Files follow golang-migrate's NNNNNN_name.up.sql / .down.sql convention.
+// `api migrate up` sends a file a statement at a time (database.Migrate;
+// each statement ends with a semicolon at the end of a line, outside $$
+// bodies), so each file wraps itself in BEGIN/COMMIT: without them a
+// statement that fails would leave half a migration behind.
 package migrations
 
 import "embed"

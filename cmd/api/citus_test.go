@@ -63,19 +63,11 @@ func TestPaymentsOnCitus(t *testing.T) {
 	logs := serveUntilCleanup(t, addr, getenv)
 
 	call := func(method, path, body string) (*http.Response, string) {
-		req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+key.Secret)
+		idempotencyKey := ""
 		if method != http.MethodGet {
-			req.Header.Set("Idempotency-Key", "order-1")
-			req.Header.Set("Content-Type", "application/json")
+			idempotencyKey = "order-1"
 		}
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp, string(raw)
+		return apiCall(t, addr, key.Secret, method, path, idempotencyKey, body)
 	}
 	// A webhook endpoint (its creation was one INSERT ... SELECT guarded
 	// by a count, which Citus planned through the coordinator: "COPY FROM
@@ -267,19 +259,8 @@ func (c citusCluster) goneEndpointAndSweep(t *testing.T, addr string, getenv fun
 	var key struct{ Secret string }
 	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
 	call := func(method, path, idempotencyKey, body string) (int, string) {
-		req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+key.Secret)
-		if idempotencyKey != "" {
-			req.Header.Set("Idempotency-Key", idempotencyKey)
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(raw)
+		resp, raw := apiCall(t, addr, key.Secret, method, path, idempotencyKey, body)
+		return resp.StatusCode, raw
 	}
 	status, body := call(http.MethodPost, "/v1/webhook_endpoints", "gone-endpoint", `{"url": "`+gone.URL+`"}`)
 	require.Equal(t, http.StatusCreated, status, body)
@@ -315,6 +296,26 @@ func (c citusCluster) goneEndpointAndSweep(t *testing.T, addr string, getenv fun
 	require.Zero(t, keysLeft, "expired keys left after the sweep")
 	require.NoError(t, c.admin.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&eventsLeft))
 	require.Zero(t, eventsLeft, "events past their 30 days left after the sweep")
+}
+
+// apiCall sends one request to the service at addr with the API key
+// secret, and an Idempotency-Key and a JSON body when idempotencyKey is
+// set, and returns the response and its body.
+func apiCall(t *testing.T, addr, secret, method, path, idempotencyKey, body string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	if idempotencyKey != "" {
+		req.Header.Set("Idempotency-Key", idempotencyKey)
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(raw)
 }
 
 // tenantKey is an API key of a tenant, and the port of the worker that
@@ -795,16 +796,7 @@ COMMIT;
 	var key struct{ Secret string }
 	require.NoError(t, json.Unmarshal(out.Bytes(), &key))
 	serveUntilCleanup(t, addr, getenv)
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1000, "currency": "usd"}`))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+key.Secret)
-	req.Header.Set("Idempotency-Key", "after-distribution")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
+	resp, body := apiCall(t, addr, key.Secret, http.MethodPost, "/v1/payments", "after-distribution", `{"amount": 1000, "currency": "usd"}`)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
 	var note string
 	require.NoError(t, c.admin.QueryRow(ctx, `SELECT note FROM payments`).Scan(&note))
@@ -835,23 +827,12 @@ func TestAWorkerDownHoldsBackOnlyItsOwnTenants(t *testing.T) {
 	}
 	serveUntilCleanup(t, addr, getenv)
 	call := func(method, secret, path, key string) (int, string) {
-		var body io.Reader
+		body := ""
 		if method == http.MethodPost {
-			body = strings.NewReader(`{"amount": 1000, "currency": "usd"}`)
+			body = `{"amount": 1000, "currency": "usd"}`
 		}
-		req, err := http.NewRequest(method, "http://"+addr+path, body)
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+secret)
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-			req.Header.Set("Content-Type", "application/json")
-		}
-		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp.StatusCode, string(raw)
+		resp, raw := apiCall(t, addr, secret, method, path, key, body)
+		return resp.StatusCode, raw
 	}
 	worker1, worker2 := c.port+1, c.port+2
 	c.do("kill", "worker1")

@@ -72,11 +72,11 @@ func MigrateFrom(ctx context.Context, ownerURL string, fsys fs.FS) error {
 
 // statementDriver is golang-migrate's PostgreSQL driver, but it sends a
 // migration file a statement at a time (statements), on its one
-// connection, instead of the whole file as one query string: Citus refuses
-// DDL on a distributed table (CREATE INDEX, CREATE TRIGGER) inside a
-// multi-statement query string ("cannot insert multiple commands into a
-// prepared statement"), so a migration written after the schema was
-// distributed failed on a cluster. The file's own BEGIN and COMMIT are
+// connection, instead of the whole file as one query string: a file that
+// altered distributed tables failed on a cluster as one query string (the
+// issue saw "cannot insert multiple commands into a prepared statement";
+// TestAMigrationAfterDistributionRuns saw "failure on connection marked as
+// essential" at the file's first line). The file's own BEGIN and COMMIT are
 // statements too, so it still commits whole or not at all; golang-migrate
 // keeps its version table, its lock and its dirty flag as before.
 //
