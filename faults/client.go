@@ -20,6 +20,7 @@ import (
 // payment it was told exists. It keeps one Idempotency-Key for every attempt.
 type intent struct {
 	key       string
+	secret    string // the API key of the tenant it is for
 	paymentID string // set for a refund
 	amount    int64
 	phase     int  // the phase it began in
@@ -77,11 +78,10 @@ func (r reply) label() string {
 	return fmt.Sprint(r.status)
 }
 
-// client sends attempts for one API key.
+// client sends attempts, each with its intent's API key.
 type client struct {
-	http   *http.Client
-	base   func() string
-	secret string
+	http *http.Client
+	base func() string
 	// patience, when set, is how long an attempt waits for its answer
 	// before the client hangs up, shorter than http's timeout: a phase
 	// sets it to have clients leave while their COMMIT waits.
@@ -103,7 +103,7 @@ func (c *client) send(ctx context.Context, in intent) reply {
 	if err != nil {
 		panic(err) // the URL and method are ours
 	}
-	req.Header.Set("Authorization", "Bearer "+c.secret)
+	req.Header.Set("Authorization", "Bearer "+in.secret)
 	req.Header.Set("Idempotency-Key", in.key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
@@ -170,8 +170,11 @@ type ledger struct {
 	phase    int
 	phases   []*phaseStats
 	payments map[string]int64 // acknowledged payment id -> amount
-	ids      []string         // the same ids, for choosing one to refund
-	refunds  map[string]bool  // acknowledged refund ids
+	// ids are the same ids by the API key they were made with, for
+	// choosing one of the tenant's own to refund: a client is one tenant's,
+	// so a node lost holds back only the clients of the tenants it holds.
+	ids     map[string][]string
+	refunds map[string]bool // acknowledged refund ids
 	// acked are the intents answered 201, with the id they were told, to
 	// send again at the end (resend); intentOf maps a payment id to its
 	// intent's key.
@@ -203,7 +206,7 @@ type ledger struct {
 
 func newLedger(names []string) *ledger {
 	l := &ledger{payments: map[string]int64{}, refunds: map[string]bool{}, noEffect: map[string]bool{},
-		intentOf: map[string]string{}, lastSuccess: time.Now()}
+		intentOf: map[string]string{}, ids: map[string][]string{}, lastSuccess: time.Now()}
 	for _, n := range names {
 		l.phases = append(l.phases, &phaseStats{Name: n, Replies: map[string]int{}})
 	}
@@ -223,15 +226,16 @@ func (l *ledger) addFaults(n int) {
 	l.phases[l.phase].Faults += n
 }
 
-// next makes a new intent: mostly payments, and a refund of an acknowledged
-// payment a quarter of the time. Refunds of up to half the amount make some
-// payments run out, which exercises the stored 422.
-func (l *ledger) next(rng *rand.Rand, paymentsOnly bool) intent {
+// next makes a new intent for the tenant whose API key is secret: mostly
+// payments, and a refund of one of its acknowledged payments a quarter of
+// the time. Refunds of up to half the amount make some payments run out,
+// which exercises the stored 422.
+func (l *ledger) next(rng *rand.Rand, paymentsOnly bool, secret string) intent {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	in := intent{key: uuid.NewString(), amount: 100 + rng.Int64N(10_000), phase: l.phase}
-	if !paymentsOnly && len(l.ids) > 0 && rng.IntN(4) == 0 {
-		in.paymentID = l.ids[rng.IntN(len(l.ids))]
+	in := intent{key: uuid.NewString(), secret: secret, amount: 100 + rng.Int64N(10_000), phase: l.phase}
+	if ids := l.ids[secret]; !paymentsOnly && len(ids) > 0 && rng.IntN(4) == 0 {
+		in.paymentID = ids[rng.IntN(len(ids))]
 		in.amount = 1 + rng.Int64N(l.payments[in.paymentID]/2)
 	}
 	l.phases[l.phase].Intents++
@@ -278,7 +282,7 @@ func (l *ledger) record(in *intent, r reply) {
 	case r.status == http.StatusCreated && in.paymentID == "":
 		if _, seen := l.payments[r.id]; !seen {
 			l.payments[r.id] = in.amount
-			l.ids = append(l.ids, r.id)
+			l.ids[in.secret] = append(l.ids[in.secret], r.id)
 			l.intentOf[r.id] = in.key
 		}
 	case r.status == http.StatusCreated:
@@ -287,7 +291,10 @@ func (l *ledger) record(in *intent, r reply) {
 }
 
 // closePhase counts the time since the last payment's 201 into the phase's longest
-// stretch without one.
+// stretch without one, when the clients stop beginning intents. The time they
+// then take to finish their last ones is not counted: those are mostly
+// refunds waiting for their payment's charge, and no payment was refused in
+// it. A payment answered after it still counts how long it waited (record).
 func (l *ledger) closePhase() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -356,7 +363,8 @@ func (l *ledger) finish(in intent, took time.Duration, resolved bool) {
 //
 // A paymentsOnly client makes payments alone: one that never waits on a
 // refund's payment, whose answers time how long payments could not be taken.
-func work(ctx context.Context, c *client, l *ledger, stop <-chan struct{}, deadline time.Duration, seed uint64, paymentsOnly bool) {
+// Its payments are for the tenant whose API key is secret.
+func work(ctx context.Context, c *client, l *ledger, stop <-chan struct{}, deadline time.Duration, seed uint64, paymentsOnly bool, secret string) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	for {
 		select {
@@ -364,7 +372,7 @@ func work(ctx context.Context, c *client, l *ledger, stop <-chan struct{}, deadl
 			return
 		default:
 		}
-		in := l.next(rng, paymentsOnly)
+		in := l.next(rng, paymentsOnly, secret)
 		start := time.Now()
 		resolved := false
 		for time.Since(start) < deadline && ctx.Err() == nil {

@@ -35,13 +35,20 @@ type cluster struct {
 
 // do runs the script with args and returns what it printed.
 func (c *cluster) do(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, c.script, args...)
-	cmd.Env = append(os.Environ(), "FAILOVER_DIR="+c.dir, fmt.Sprintf("FAILOVER_PORT=%d", c.port))
+	return runScript(ctx, c.script, []string{"FAILOVER_DIR=" + c.dir, fmt.Sprintf("FAILOVER_PORT=%d", c.port)}, c.progress, args...)
+}
+
+// runScript runs one of the repository's scripts with args and env added to
+// this process's environment, its errors to progress, and returns what it
+// printed.
+func runScript(ctx context.Context, script string, env []string, progress io.Writer, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, script, args...)
+	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout = &out
-	cmd.Stderr = c.progress
+	cmd.Stderr = progress
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("failover-cluster %s: %w", strings.Join(args, " "), err)
+		return "", fmt.Errorf("%s %s: %w", filepath.Base(script), strings.Join(args, " "), err)
 	}
 	return strings.TrimSpace(out.String()), nil
 }

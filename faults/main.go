@@ -7,6 +7,7 @@
 //	go run ./faults -phase 30s -workers 32
 //	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 4 min
 //	go run ./faults -failover -standby async  # the same with an asynchronous standby: it loses payments
+//	go run ./faults -citus                    # a Citus cluster's worker, then coordinator, killed; about 2 min
 //
 // It creates a database of its own (payments_faults_<time>) on the server
 // -database-url names, applies the migrations, and drops it afterwards
@@ -49,9 +50,15 @@ func main() {
 	failover := fs.Bool("failover", false, "instead of the proxy's faults, failovers of a pg_auto_failover formation this starts (scripts/failover-cluster); each phase lasts at least 15 s")
 	standby := fs.String("standby", "sync", "with -failover: sync (the formation's default, synchronous replication) or async (synchronous_commit = local: the lesson of docs/reliability.md)")
 	failoverPort := fs.Int("failover-port", 26330, "with -failover: the monitor's port; the nodes take the next two")
+	citus := fs.Bool("citus", false, "instead of the proxy's faults, a worker and then the coordinator of a Citus cluster this starts (scripts/citus-cluster) killed under load; each phase lasts at least 9 s")
+	citusPort := fs.Int("citus-port", 26384, "with -citus: the coordinator's port; the workers take the next two")
 	_ = fs.Parse(os.Args[1:])
 	if *standby != "sync" && *standby != "async" {
 		fmt.Fprintln(os.Stderr, "faults: -standby is sync or async")
+		os.Exit(2)
+	}
+	if *failover && *citus {
+		fmt.Fprintln(os.Stderr, "faults: -failover or -citus, not both")
 		os.Exit(2)
 	}
 
@@ -59,7 +66,14 @@ func main() {
 	defer stop()
 	var held bool
 	var err error
-	if *failover {
+	switch {
+	case *citus:
+		cfg.phase = max(cfg.phase, 9*time.Second)
+		// A node's crash recovery took 20 s here: a client's intent, and a
+		// refund waiting for its payment's charge, outlast it.
+		cfg.intentDeadline = max(cfg.intentDeadline, 90*time.Second)
+		held, err = runCitus(ctx, *citusPort, *keep, cfg, os.Stdout, os.Stderr)
+	case *failover:
 		cfg.phase = max(cfg.phase, 15*time.Second)
 		// A charge whose worker lost its connection at the failover stays
 		// running until River's rescuer (every 30 s) takes it back after
@@ -67,7 +81,7 @@ func main() {
 		// for it, and so does its client.
 		cfg.intentDeadline = max(cfg.intentDeadline, 90*time.Second)
 		held, err = runFailover(ctx, *failoverPort, *standby == "async", *keep, cfg, os.Stdout, os.Stderr)
-	} else {
+	default:
 		held, err = runOnOwnDatabase(ctx, *serverURL, *keep, cfg, os.Stdout, os.Stderr)
 	}
 	if err != nil {
@@ -116,6 +130,23 @@ func runFailover(ctx context.Context, port int, async, keep bool, cfg config, st
 		return false, err
 	}
 	cfg.adminURL, cfg.cluster = adminURL, c
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return false, err
+	}
+	return runAndReport(ctx, cfg, stdout, progress)
+}
+
+// runCitus starts a Citus cluster, runs the Citus phases against it, and
+// (unless keep) stops and deletes it.
+func runCitus(ctx context.Context, port int, keep bool, cfg config, stdout, progress io.Writer) (bool, error) {
+	c, adminURL, err := startCitus(ctx, port, progress)
+	if c != nil && !keep {
+		defer c.stop()
+	}
+	if err != nil {
+		return false, err
+	}
+	cfg.adminURL, cfg.citus = adminURL, c
 	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
 		return false, err
 	}
@@ -182,7 +213,7 @@ func writeReport(w io.Writer, res *Results, wide bool) {
 	tw.Flush()
 	fmt.Fprintln(w, "\nunknown c/n: intents first answered outcome-unknown in the phase whose retry found them committed (a replay)")
 	fmt.Fprintln(w, "or not (executed once); max intent: the longest from an intent's first attempt to its final answer;")
-	fmt.Fprintln(w, "no 201 for: the longest stretch in which no client got a payment's 201.")
+	fmt.Fprintln(w, "no 201 for: the longest stretch, while clients began intents, in which none got a payment's 201.")
 	if !wide {
 		fmt.Fprintln(w, "\nreplies, by phase:")
 		for _, p := range res.Phases {

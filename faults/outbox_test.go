@@ -29,6 +29,8 @@ type rig struct {
 	sim   *simulator.Simulator
 	api   *apiProcess
 	c     *client
+	// secret is the API key the payments are made with.
+	secret string
 }
 
 // newRig starts the API with a simulator configured by sim; the outbox's
@@ -52,7 +54,7 @@ func newRig(t *testing.T, sim simulator.Config, env ...string) *rig {
 		return err
 	}))
 
-	r := &rig{t: t, admin: admin, sim: simulator.New(sim)}
+	r := &rig{t: t, admin: admin, sim: simulator.New(sim), secret: key.Secret}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &http.Server{Handler: r.sim, ReadHeaderTimeout: 5 * time.Second}
@@ -82,7 +84,7 @@ func newRig(t *testing.T, sim simulator.Config, env ...string) *rig {
 	require.NoError(t, err)
 	t.Cleanup(r.api.stop)
 	require.NoError(t, r.api.start(ctx))
-	r.c = &client{http: &http.Client{Timeout: 10 * time.Second}, base: r.api.URL, secret: key.Secret}
+	r.c = &client{http: &http.Client{Timeout: 10 * time.Second}, base: r.api.URL}
 	return r
 }
 
@@ -97,7 +99,7 @@ func (r *rig) pay(n, workers int) []string {
 	for range workers {
 		wg.Go(func() {
 			for i := range next {
-				in := intent{key: uuid.NewString(), amount: int64(1000 + i*100)} // never ends in 02: none declined
+				in := intent{key: uuid.NewString(), secret: r.secret, amount: int64(1000 + i*100)} // never ends in 02: none declined
 				for {
 					rep := r.c.send(context.Background(), in)
 					if rep.status == http.StatusCreated {
@@ -140,8 +142,9 @@ func (r *rig) requireChargedOnce(ids []string, bound time.Duration) {
 	r.t.Helper()
 	ctx := context.Background()
 	require.NoError(r.t, waitSettled(ctx, r.admin, bound))
-	unsettled, twice, mismatch, err := processorChecks(ctx, r.admin, r.sim)
+	s, err := read(ctx, r.admin)
 	require.NoError(r.t, err)
+	unsettled, twice, mismatch := processorChecks(s, r.sim)
 	require.Zero(r.t, unsettled, "payments still processing after %s", bound)
 	require.Zero(r.t, twice, "payments charged more than once")
 	require.Zero(r.t, mismatch, "payments whose status disagrees with the processor")

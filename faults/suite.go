@@ -11,10 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 	"github.com/payments-reference/idempotent-payments/internal/testsupport/faultproxy"
@@ -34,6 +32,25 @@ type config struct {
 	// and the phases are failovers (failoverPhases) instead of the proxy's
 	// faults.
 	cluster *cluster
+	// citus, when set, is a Citus cluster whose coordinator adminURL
+	// names: the API connects to it directly, and the phases are its nodes
+	// lost (citusPhases).
+	citus *citusCluster
+}
+
+// direct reports whether the API connects to the database itself, with no
+// fault proxy between: the faults are servers lost, not connections.
+func (cfg config) direct() bool { return cfg.cluster != nil || cfg.citus != nil }
+
+// settleBound is how long the outbox gets to settle what the clients
+// created after a phase. On Citus, a job that was running when the
+// coordinator died cannot record its end; it runs again once older than
+// OUTBOX_RESCUE_AFTER (10 s), at River's rescuer's next look (every 30 s).
+func (cfg config) settleBound() time.Duration {
+	if cfg.citus != nil {
+		return 2 * time.Minute
+	}
+	return 30 * time.Second
 }
 
 // Results is what a run saw.
@@ -98,20 +115,17 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		return nil, err
 	}
 	defer admin.Close()
-	var key auth.NewKey
-	err = pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) (err error) {
-		key, err = auth.CreateKey(ctx, tx, "faults", []string{auth.ScopePaymentsWrite, auth.ScopeRefundsWrite})
-		return err
-	})
+	secrets, err := tenants(ctx, admin, cfg.citus)
 	if err != nil {
-		return nil, fmt.Errorf("create api key: %w", err)
+		return nil, err
 	}
 
-	// Behind the fault proxy, unless the faults are failovers: then the API
-	// connects as a service would, with the formation's multi-host URL.
+	// Behind the fault proxy, unless the faults are servers lost: then the
+	// API connects as a service would, to the formation's multi-host URL or
+	// to the Citus coordinator.
 	var proxy *faultproxy.Proxy
 	appURL := database.WithUser(cfg.adminURL, "payments_app")
-	if cfg.cluster == nil {
+	if !cfg.direct() {
 		proxy, err = faultproxy.Start(fmt.Sprintf("%s:%d", adminCfg.ConnConfig.Host, adminCfg.ConnConfig.Port))
 		if err != nil {
 			return nil, err
@@ -170,12 +184,25 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		"DB_COMMIT_TIMEOUT=500ms",
 		"LOG_LEVEL=warn",
 	}
-	if cfg.cluster != nil {
+	if cfg.direct() {
 		// An outbox that keeps up with the clients, so that a payment is
 		// charged within moments of its 201, as in production (the proxy's
 		// faults want a small one that they can back up). The failover
-		// lesson counts payments lost after they were charged.
+		// lesson counts payments lost after they were charged; on Citus,
+		// 4 workers fell behind in the phase without a fault (charge lag
+		// up to 9 s), and every tenant's refunds waited for their charges.
 		env = append(env, "OUTBOX_WORKERS=32", "OUTBOX_DB_MAX_CONNS=6")
+	}
+	if cfg.citus != nil {
+		env = append(env,
+			// A request is a coordinator's plan and a worker's execution,
+			// each a server on the same cores: give them the time they take
+			// under load here (a p99 of 400 ms, docs/scaling.md).
+			"REQUEST_TIMEOUT=3s", "DB_COMMIT_TIMEOUT=1500ms", "LOCK_TIMEOUT=1s", "DB_ACQUIRE_TIMEOUT=2s",
+			// A charge that met a dead node is tried again for longer than
+			// its crash recovery takes (20 s and more on this machine): 25
+			// attempts of at most 500 ms ran out before it was back.
+			"OUTBOX_RETRY_BASE=200ms", "OUTBOX_RETRY_MAX=2s", "OUTBOX_MAX_ATTEMPTS=60")
 	}
 	api, err := newAPI(bin, filepath.Join(cfg.out, "api.log"), env)
 	if err != nil {
@@ -187,14 +214,16 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 	}
 
 	c := &client{
-		http:   &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.workers}},
-		base:   api.URL,
-		secret: key.Secret,
+		http: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: cfg.workers}},
+		base: api.URL,
 	}
 	var l *ledger
 	names, phases := proxyPhases(proxy, api, &l)
-	if cfg.cluster != nil {
+	switch {
+	case cfg.cluster != nil:
 		names, phases = failoverPhases(cfg.cluster, cfg.adminURL, c, &l)
+	case cfg.citus != nil:
+		names, phases = citusPhases(cfg.citus, &l)
 	}
 	l = newLedger(names)
 	res := &Results{}
@@ -211,13 +240,13 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				work(ctx, c, l, stop, cfg.intentDeadline, uint64(i*cfg.workers+w)+1, false)
+				work(ctx, c, l, stop, cfg.intentDeadline, uint64(i*cfg.workers+w)+1, false, secrets[w%len(secrets)])
 			}()
 		}
-		if cfg.cluster != nil {
+		if cfg.direct() {
 			// Every other client may be waiting on a refund whose payment's
 			// charge is held up; this one times the payments.
-			wg.Go(func() { work(ctx, c, l, stop, cfg.intentDeadline, uint64(1_000_000+i), true) })
+			wg.Go(func() { work(ctx, c, l, stop, cfg.intentDeadline, uint64(1_000_000+i), true, secrets[i%len(secrets)]) })
 		}
 		probe := &primaryProbe{}
 		var probed sync.WaitGroup
@@ -230,15 +259,18 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		// sessions get the idle-in-transaction bound and a margin to end,
 		// and then the database is checked against what clients were told.
 		close(stop)
-		wg.Wait()
 		l.closePhase()
+		wg.Wait()
 		probed.Wait()
 		if err != nil {
 			return nil, fmt.Errorf("phase %q: %w", p.name, err)
 		}
 		if cfg.cluster != nil {
 			l.phases[i].NoPrimary = probe.Longest()
-			// The suite's own connections may be to the old primary.
+		}
+		if cfg.direct() {
+			// The suite's own connections may be to the old primary, or to
+			// the coordinator that was killed.
 			admin.Reset()
 		}
 		// The bound on a vanished holder is on its transaction: none may
@@ -260,7 +292,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 		}
 		// The outbox settles what the clients created: a job whose worker
 		// was killed runs again after OUTBOX_RESCUE_AFTER.
-		if err := waitSettled(ctx, admin, 30*time.Second); err != nil {
+		if err := waitSettled(ctx, admin, cfg.settleBound()); err != nil {
 			return nil, err
 		}
 		if proxy != nil {
@@ -279,7 +311,7 @@ func run(ctx context.Context, cfg config, progress io.Writer) (*Results, error) 
 			// database. Its new executions, if any, are then settled.
 			fmt.Fprintln(progress, "retrying every acknowledged request with its key")
 			resend(ctx, c, l, cfg.intentDeadline)
-			if err := waitSettled(ctx, admin, 30*time.Second); err != nil {
+			if err := waitSettled(ctx, admin, cfg.settleBound()); err != nil {
 				return nil, err
 			}
 		}
@@ -374,210 +406,6 @@ func proxyPhases(proxy *faultproxy.Proxy, api *apiProcess, l **ledger) ([]string
 	return names, phases
 }
 
-// verify checks the invariants against the database, once the clients have
-// stopped.
-func verify(ctx context.Context, admin *pgxpool.Pool, l *ledger, held int, sim *simulator.Simulator) ([]check, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	dbPayments := map[string]bool{}
-	perIntent := map[string]int{}
-	intentOfDB := map[string]string{}
-	rows, err := admin.Query(ctx, `SELECT id::text, coalesce(metadata->>'intent', '') FROM payments`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var id, in string
-		if err := rows.Scan(&id, &in); err != nil {
-			return nil, err
-		}
-		dbPayments[id] = true
-		perIntent[in]++
-		intentOfDB[id] = in
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	dbRefunds, err := queryStrings(ctx, admin, `SELECT id::text FROM refunds`)
-	if err != nil {
-		return nil, err
-	}
-	producers, err := queryStrings(ctx, admin, `SELECT correlation_id FROM idempotency_keys`)
-	if err != nil {
-		return nil, err
-	}
-	var inProgress, overRefunded int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE state = 'in_progress'`).Scan(&inProgress); err != nil {
-		return nil, err
-	}
-	if err := admin.QueryRow(ctx, `
-		SELECT count(*) FROM payments p
-		WHERE p.amount_refunded > p.amount
-		   OR p.amount_refunded <> (SELECT coalesce(sum(r.amount), 0) FROM refunds r WHERE r.payment_id = p.id AND r.status <> 'failed')`).Scan(&overRefunded); err != nil {
-		return nil, err
-	}
-	unsettled, chargedTwice, chargeMismatch, err := processorChecks(ctx, admin, sim)
-	if err != nil {
-		return nil, err
-	}
-	// A job that ended (discarded after its last attempt, cancelled) while
-	// its payment or refund is still undecided and not labelled for
-	// reconciliation: the money's fate would be nobody's job.
-	var orphaned int
-	if err := admin.QueryRow(ctx, `
-		SELECT count(*) FROM river_job j
-		WHERE j.state IN ('discarded', 'cancelled')
-		  AND ((j.kind = 'charge_payment' AND EXISTS (
-		          SELECT 1 FROM payments p WHERE p.id = (j.args->>'payment_id')::uuid AND p.status = 'processing'))
-		    OR (j.kind = 'refund_payment' AND EXISTS (
-		          SELECT 1 FROM refunds r WHERE r.id = (j.args->>'refund_id')::uuid AND r.status = 'pending')))`).Scan(&orphaned); err != nil {
-		return nil, err
-	}
-	// An undecided payment or refund has a job: in River's table, not
-	// finished, or in outbox_jobs, waiting for the relay.
-	var jobless int
-	if err := admin.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM payments p WHERE p.status = 'processing' AND NOT EXISTS (
-		            SELECT 1 FROM river_job j WHERE j.kind = 'charge_payment' AND j.args @> jsonb_build_object('payment_id', p.id)
-		              AND j.finalized_at IS NULL) AND NOT EXISTS (
-		            SELECT 1 FROM outbox_jobs o WHERE o.kind = 'charge_payment' AND o.args @> jsonb_build_object('payment_id', p.id)))
-		     + (SELECT count(*) FROM refunds r WHERE r.status = 'pending' AND NOT EXISTS (
-		            SELECT 1 FROM river_job j WHERE j.kind = 'refund_payment' AND j.args @> jsonb_build_object('refund_id', r.id)
-		              AND j.finalized_at IS NULL) AND NOT EXISTS (
-		            SELECT 1 FROM outbox_jobs o WHERE o.kind = 'refund_payment' AND o.args @> jsonb_build_object('refund_id', r.id)))`).Scan(&jobless); err != nil {
-		return nil, err
-	}
-
-	missingEvents, strayEvents, err := eventChecks(ctx, admin)
-	if err != nil {
-		return nil, err
-	}
-
-	// Charges per payment intent, across every payment it ever had: those
-	// the clients were told of and those in the database. One intent
-	// charged under two payment ids is a customer charged twice.
-	idsOf := map[string]map[string]bool{}
-	addID := func(in, id string) {
-		if idsOf[in] == nil {
-			idsOf[in] = map[string]bool{}
-		}
-		idsOf[in][id] = true
-	}
-	for id, in := range l.intentOf {
-		addID(in, id)
-	}
-	for id, in := range intentOfDB {
-		addID(in, id)
-	}
-	// Money moved per processor key the intent's payments were charged
-	// with: one key for every payment of an intent (the key is the client's
-	// intent, migration 18), so a retry of a lost payment is answered with
-	// the first charge; a key per payment would show here as two.
-	// The same run, counted for the design before migration 18 (a key per
-	// payment id): an intent whose charged key reached the processor under
-	// two payment ids would have been charged once per id.
-	refs := sim.ReferencesPerKey()
-	chargedIntents := 0
-	l.idKeyedTwice = 0
-	for _, ids := range idsOf {
-		n, perID := 0, 0
-		seen := map[string]bool{}
-		for id := range ids {
-			if k := sim.KeyFor(id); k != "" && !seen[k] {
-				seen[k] = true
-				n += sim.Effects(k)
-				if sim.Effects(k) > 0 {
-					perID += refs[k]
-				}
-			}
-		}
-		if n > 1 {
-			chargedIntents++
-		}
-		if perID > 1 {
-			l.idKeyedTwice++
-		}
-	}
-
-	duplicated := 0
-	for _, n := range perIntent {
-		if n > 1 {
-			duplicated++
-		}
-	}
-	lostPayments, strayPayments := diff(keys(l.payments), dbPayments)
-	// Of the acknowledged payments the database lost, how many the
-	// processor had charged: each is a customer charged for a payment the
-	// service no longer knows, and charged again when the client retried.
-	l.lostCharged = 0
-	for id := range l.payments {
-		if !dbPayments[id] && sim.EffectsFor(id) > 0 {
-			l.lostCharged++
-		}
-	}
-	lostRefunds, strayRefunds := diff(keys(l.refunds), set(dbRefunds))
-	mislabelled := 0
-	for _, id := range producers {
-		if l.noEffect[id] {
-			mislabelled++
-		}
-	}
-	checks := []check{
-		{Name: "intents with more than one payment", Found: duplicated},
-		{Name: "acknowledged payments missing from the database", Found: lostPayments},
-		{Name: "payments no client was told about", Found: strayPayments},
-		{Name: "acknowledged refunds missing from the database", Found: lostRefunds},
-		{Name: "refunds no client was told about", Found: strayRefunds},
-		{Name: "payments refunded beyond their amount, or out of step with their refunds", Found: overRefunded},
-		{Name: "payments and refunds left processing or pending", Found: unsettled},
-		{Name: "processing or pending without a live job (nor requires_reconciliation)", Found: jobless},
-		{Name: "jobs discarded or cancelled with their payment or refund undecided", Found: orphaned},
-		{Name: "payments and refunds the processor executed more than once", Found: chargedTwice},
-		{Name: "succeeded ones the processor never executed, or failed ones it did", Found: chargeMismatch},
-		{Name: "payment intents the processor charged more than once, under any id", Found: chargedIntents},
-		{Name: "acknowledged requests that, retried with their key, were not replayed", Found: l.reexecuted},
-		{Name: "decided payments and refunds without the event of their status", Found: missingEvents},
-		{Name: "events for a change that did not commit, or recorded twice", Found: strayEvents},
-		{Name: "keys left in_progress", Found: inProgress},
-		{Name: "intents without a final answer within the deadline", Found: l.unresolved},
-		{Name: "transactions left open past the idle-in-transaction bound", Found: held},
-		{Name: "500 answers", Found: l.serverErrors},
-		{Name: "attempts told \"no effect\" that produced the stored outcome", Found: mislabelled},
-	}
-	for i := range checks {
-		checks[i].Holds = checks[i].Found == 0
-	}
-	return checks, nil
-}
-
-// eventChecks counts the decided payments and refunds that have no event of
-// their current status (an event lost for a committed change), and the
-// events that no committed change explains: of a status the object never
-// had (a requires_reconciliation one may have been settled since), or the
-// same change recorded twice.
-func eventChecks(ctx context.Context, admin *pgxpool.Pool) (missing, stray int, err error) {
-	err = admin.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM payments p WHERE p.status <> 'processing' AND NOT EXISTS (
-		            SELECT 1 FROM events e WHERE e.type = 'payment.' || p.status AND e.data->'object'->>'id' = p.id::text))
-		     + (SELECT count(*) FROM refunds r WHERE r.status <> 'pending' AND NOT EXISTS (
-		            SELECT 1 FROM events e WHERE e.type = 'refund.' || r.status AND e.data->'object'->>'id' = r.id::text))`).Scan(&missing)
-	if err != nil {
-		return 0, 0, fmt.Errorf("events of decided rows: %w", err)
-	}
-	err = admin.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM events e LEFT JOIN payments p ON p.id::text = e.data->'object'->>'id'
-		        WHERE e.type LIKE 'payment.%' AND (p.id IS NULL
-		           OR e.type <> 'payment.' || p.status AND NOT (e.type = 'payment.requires_reconciliation' AND p.status IN ('succeeded', 'failed'))))
-		     + (SELECT count(*) FROM events e LEFT JOIN refunds r ON r.id::text = e.data->'object'->>'id'
-		        WHERE e.type LIKE 'refund.%' AND (r.id IS NULL
-		           OR e.type <> 'refund.' || r.status AND NOT (e.type = 'refund.requires_reconciliation' AND r.status IN ('succeeded', 'failed'))))
-		     + (SELECT count(*) FROM (SELECT 1 FROM events GROUP BY type, data->'object'->>'id' HAVING count(*) > 1) twice)`).Scan(&stray)
-	if err != nil {
-		return 0, 0, fmt.Errorf("events without their change: %w", err)
-	}
-	return missing, stray, nil
-}
-
 // idleInTransaction counts the sessions of the suite's database that have
 // sat in an open transaction, without running a statement, for longer than
 // idle: those whose holder vanished and that the server has not ended.
@@ -611,79 +439,6 @@ func waitSettled(ctx context.Context, admin *pgxpool.Pool, bound time.Duration) 
 			return err
 		}
 	}
-}
-
-// processorChecks compares the database with the processor: how many are
-// not settled, how many keys the processor executed twice, and how many
-// settled ones disagree with it (succeeded without its effect, failed with it).
-func processorChecks(ctx context.Context, admin *pgxpool.Pool, sim *simulator.Simulator) (unsettled, twice, mismatch int, err error) {
-	rows, err := admin.Query(ctx, `SELECT id::text, status FROM payments UNION ALL SELECT id::text, status FROM refunds`)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	type row struct{ id, status string }
-	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
-		var x row
-		return x, r.Scan(&x.id, &x.status)
-	})
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	for _, x := range all {
-		n := sim.EffectsFor(x.id)
-		switch {
-		case x.status == "processing" || x.status == "pending":
-			unsettled++
-		case x.status == "requires_reconciliation":
-			// Undecided on purpose, and labelled so: the processor's
-			// answer was never seen. Whatever the simulator did is
-			// consistent with it; the reconciler settles it later.
-		case n > 1:
-			twice++
-		case (x.status == "succeeded") != (n == 1):
-			mismatch++
-		}
-	}
-	return unsettled, twice, mismatch, nil
-}
-
-func queryStrings(ctx context.Context, db *pgxpool.Pool, sql string) ([]string, error) {
-	rows, err := db.Query(ctx, sql)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
-}
-
-func keys[V any](m map[string]V) map[string]bool {
-	out := make(map[string]bool, len(m))
-	for k := range m {
-		out[k] = true
-	}
-	return out
-}
-
-func set(xs []string) map[string]bool {
-	out := make(map[string]bool, len(xs))
-	for _, x := range xs {
-		out[x] = true
-	}
-	return out
-}
-
-// diff counts what told has that stored lacks, and the other way round.
-func diff(told, stored map[string]bool) (lost, stray int) {
-	for id := range told {
-		if !stored[id] {
-			lost++
-		}
-	}
-	for id := range stored {
-		if !told[id] {
-			stray++
-		}
-	}
-	return lost, stray
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

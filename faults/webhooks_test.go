@@ -102,8 +102,9 @@ func TestCrashDuringAWebhookDelivery(t *testing.T) {
 	mu.Unlock()
 	require.Equal(t, len(ids), count(`SELECT count(*) FROM effects`), "exactly one effect per event")
 	require.Equal(t, len(ids), count(`SELECT count(DISTINCT webhook_id) FROM effects`))
-	missing, stray, err := eventChecks(ctx, r.admin)
+	s, err := read(ctx, r.admin)
 	require.NoError(t, err)
+	missing, stray := eventChecks(s)
 	require.Zero(t, missing, "decided payments without their event")
 	require.Zero(t, stray, "events without their change")
 }

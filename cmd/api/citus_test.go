@@ -17,13 +17,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/payments-reference/idempotent-payments/internal/config"
@@ -615,129 +613,6 @@ func TestACoordinatorLostWhileAWorkerCommitsLosesNoCharge(t *testing.T) {
 	require.Equal(t, 1, payments, "one payment for the intent")
 }
 
-// A worker, then the coordinator, lost under load (each killed, an
-// immediate stop, and started again 2 s later) while clients make payments
-// and retry each with its key until it is answered: every intent gets its
-// 201 once the node is back, executes once (one payment per intent), and
-// every payment is charged once. While the worker is down the tenants of the
-// other worker go on (TestAWorkerDownHoldsBackOnlyItsOwnTenants).
-func TestNodesLostUnderLoadLoseNoPayment(t *testing.T) {
-	c := startCitus(t, 26368)
-	sim := simulator.New(simulator.Config{})
-	simSrv := httptest.NewServer(sim)
-	t.Cleanup(simSrv.Close)
-	addr, getenv := c.serviceEnv(t, map[string]string{
-		"PROCESSOR_URL": simSrv.URL,
-		// A charge that met the dead worker is tried again soon, for longer
-		// than a node's crash recovery takes (20 s and more here): with 15
-		// attempts of at most 1 s, two jobs ran out of attempts before the
-		// worker was back and were left to the reconciler, minutes later.
-		"OUTBOX_RETRY_BASE":   "200ms",
-		"OUTBOX_RETRY_MAX":    "2s",
-		"OUTBOX_MAX_ATTEMPTS": "60",
-		// A job running when the coordinator dies cannot record its end
-		// (River's completer gives up); it runs again once it is older than
-		// OUTBOX_RESCUE_AFTER, at the rescuer's next look (every 30 s):
-		// shortened here, so that the wait below is about River's rescue
-		// and not its default two minutes.
-		"OUTBOX_JOB_TIMEOUT":  "5s",
-		"OUTBOX_RESCUE_AFTER": "10s",
-		"PROCESSOR_TIMEOUT":   "2s",
-	})
-	ctx := context.Background()
-
-	// Tenants on both workers, at least four.
-	var secrets []string
-	for _, key := range c.tenants(t, getenv, 4) {
-		secrets = append(secrets, key.secret)
-	}
-	serveUntilCleanup(t, addr, getenv)
-
-	// pay sends one intent until it is answered with a status other than
-	// 503 (outcome unknown, or the database unreachable), for at most two
-	// minutes (a node's crash recovery took 20 s here, and longer on a
-	// loaded machine), and returns the payment's id.
-	pay := func(secret, intent string) (string, error) {
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(`{"amount": 1000, "currency": "usd"}`))
-			if err != nil {
-				return "", err
-			}
-			req.Header.Set("Authorization", "Bearer "+secret)
-			req.Header.Set("Idempotency-Key", intent)
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-			if err == nil {
-				raw, rerr := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if rerr == nil && resp.StatusCode == http.StatusCreated {
-					var p struct{ ID string }
-					return p.ID, json.Unmarshal(raw, &p)
-				}
-				if rerr == nil && resp.StatusCode != http.StatusServiceUnavailable && resp.StatusCode != http.StatusConflict {
-					return "", fmt.Errorf("intent %s: %d %s", intent, resp.StatusCode, raw)
-				}
-			}
-			if time.Now().After(deadline) {
-				return "", fmt.Errorf("intent %s: no answer within two minutes", intent)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	const clients = 8
-	stop := time.Now().Add(10 * time.Second)
-	var mu sync.Mutex
-	paymentOf := map[string]string{} // intent -> payment id
-	var wg sync.WaitGroup
-	for i := range clients {
-		wg.Go(func() {
-			for n := 0; time.Now().Before(stop); n++ {
-				intent := fmt.Sprintf("client-%d-%d", i, n)
-				id, err := pay(secrets[(i+n)%len(secrets)], intent)
-				if !assert.NoError(t, err) {
-					return
-				}
-				mu.Lock()
-				paymentOf[intent] = id
-				mu.Unlock()
-			}
-		})
-	}
-	for _, node := range []string{"worker1", "coordinator"} {
-		time.Sleep(2 * time.Second)
-		c.do("kill", node)
-		time.Sleep(2 * time.Second)
-		c.do("start", node)
-	}
-	back := time.Now()
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-	t.Logf("%d intents, each answered 201", len(paymentOf))
-
-	// The test's own connection went with the coordinator.
-	admin, err := pgx.Connect(ctx, c.url("postgres"))
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	var payments int
-	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&payments))
-	require.Equal(t, len(paymentOf), payments, "one payment per intent")
-	require.Eventually(t, func() bool {
-		var undecided int
-		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM payments WHERE status <> 'succeeded'`).Scan(&undecided))
-		return undecided == 0
-	}, 2*time.Minute, 200*time.Millisecond, "payments never charged")
-	t.Logf("every payment charged %s after the coordinator was back", time.Since(back).Round(100*time.Millisecond))
-	for intent, id := range paymentOf {
-		require.Equal(t, 1, sim.EffectsFor(id), "intent %s charged once", intent)
-	}
-	for key, n := range sim.ReferencesPerKey() {
-		require.Equal(t, 1, n, "processor key %s charged for %d payments", key, n)
-	}
-}
-
 // A migration written after the schema was distributed runs on the
 // cluster as it runs on one server (issue #33: golang-migrate sent a file as
 // one query string, and Citus refused CREATE INDEX and CREATE TRIGGER of a
@@ -807,7 +682,7 @@ COMMIT;
 // paid and charged. The relay's read and delete covered every shard, one
 // statement each, which Citus fails whole when a worker is down: every
 // tenant's charge waited for that worker (seen in
-// TestNodesLostUnderLoadLoseNoPayment's first runs). When a node cannot be
+// first runs of the nodes-lost test, now the fault suite's TestFaultsOnCitus). When a node cannot be
 // reached they now fall back to going node by node and principal by
 // principal (migrations/citus.sql). The down worker's tenants are charged
 // once it is back.

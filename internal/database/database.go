@@ -425,6 +425,13 @@ func Classify(err error) error {
 		if pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC" || strings.HasPrefix(pgErr.Code, "08") {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
+		// Citus's coordinator, finding its postmaster gone while it waited
+		// on a worker, raises this internal error and exits: the node was
+		// lost, and the transaction with it. Told apart from other XX000s
+		// by its text, the only mark Citus gives it.
+		if pgErr.Code == "XX000" && pgErr.Message == "postmaster was shut down, exiting" {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
 		return err
 	}
 	// A lost connection before COMMIT: the server rolls the transaction
