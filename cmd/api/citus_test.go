@@ -691,7 +691,16 @@ func TestAWorkerDownHoldsBackOnlyItsOwnTenants(t *testing.T) {
 	sim := simulator.New(simulator.Config{})
 	simSrv := httptest.NewServer(sim)
 	t.Cleanup(simSrv.Close)
-	addr, getenv := c.serviceEnv(t, map[string]string{"PROCESSOR_URL": simSrv.URL})
+	metricsAddr := freeAddr(t)
+	addr, getenv := c.serviceEnv(t, map[string]string{"PROCESSOR_URL": simSrv.URL, "METRICS_ADDR": metricsAddr})
+	scrape := func() string {
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return string(raw)
+	}
 
 	// A tenant on each worker.
 	secretOn := map[int]string{} // worker port -> an API key of a tenant there
@@ -720,6 +729,13 @@ func TestAWorkerDownHoldsBackOnlyItsOwnTenants(t *testing.T) {
 		return strings.Contains(now, `"status":"succeeded"`)
 	}, 20*time.Second, 100*time.Millisecond, "worker2's tenant was not charged while worker1 was down")
 	require.Equal(t, 1, sim.EffectsFor(p.ID))
+	// River's gauges read the coordinator's own table, and stay in the
+	// scrape; the relay's read every shard, and are left out. (All of the
+	// outbox's gauges were left out while a worker was down.)
+	require.Eventually(t, func() bool {
+		now := scrape()
+		return gauge(now, "outbox_oldest_available_job_age_seconds") >= 0 && gauge(now, "outbox_relay_waiting") == -1
+	}, 20*time.Second, 500*time.Millisecond, "River's gauges while worker1 is down")
 
 	// Back: worker1's tenant pays again, and is charged.
 	c.do("start", "worker1")
@@ -732,5 +748,7 @@ func TestAWorkerDownHoldsBackOnlyItsOwnTenants(t *testing.T) {
 		_, now := call(http.MethodGet, secretOn[worker1], "/v1/payments/"+again.ID, "")
 		return strings.Contains(now, `"status":"succeeded"`)
 	}, 30*time.Second, 100*time.Millisecond, "worker1's tenant was not charged once it was back")
+	require.Eventually(t, func() bool { return gauge(scrape(), "outbox_relay_waiting") >= 0 },
+		20*time.Second, 500*time.Millisecond, "the relay's gauges once worker1 is back")
 	c.requireOneShard(t)
 }
