@@ -30,20 +30,22 @@ func imports(t *testing.T, patterns ...string) map[string][]string {
 
 // The dependency rules of docs/external-effects.md ("Layering"): handlers
 // parse and render and never reach the processor or the queue; domain
-// packages never reach HTTP handling; the processor boundary depends on
-// nothing of ours; nothing imports a command or a test helper.
+// packages never reach HTTP handling, nor events and webhooks (they hand
+// their settles to payments.Announcer, so that a fork can take events out:
+// docs/fork.md); the processor boundary depends on nothing of ours; nothing
+// imports a command or a test helper.
 func TestImportRules(t *testing.T) {
 	t.Parallel()
 	all := imports(t, module+"/...")
 	forbidden := map[string][]string{
 		"internal/httpapi":     {module + "/internal/processor", "github.com/riverqueue/"},
-		"internal/payments":    {module + "/internal/httpapi", "net/http"},
-		"internal/refunds":     {module + "/internal/httpapi", "net/http"},
+		"internal/payments":    {module + "/internal/httpapi", "net/http", module + "/internal/events", module + "/internal/webhooks"},
+		"internal/refunds":     {module + "/internal/httpapi", "net/http", module + "/internal/events", module + "/internal/webhooks"},
 		"internal/idempotency": {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", "net/http"},
 		"internal/outbox":      {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", module + "/internal/processor"},
 		"internal/processor":   {module + "/internal/"},
-		"internal/reconcile":   {module + "/internal/httpapi", "net/http"},
-		"internal/events":      {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds", module + "/internal/webhooks", "net/http"},
+		"internal/reconcile":   {module + "/internal/httpapi", "net/http", module + "/internal/events", module + "/internal/webhooks"},
+		"internal/events":      {module + "/internal/httpapi", module + "/internal/refunds", module + "/internal/webhooks", "net/http"},
 		"internal/webhooks":    {module + "/internal/httpapi", module + "/internal/payments", module + "/internal/refunds"},
 		"internal/database":    {module + "/internal/"},
 	}

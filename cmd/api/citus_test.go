@@ -24,12 +24,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/payments-reference/idempotent-payments/internal/app"
 	"github.com/payments-reference/idempotent-payments/internal/config"
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 	"github.com/payments-reference/idempotent-payments/internal/reconcile"
-	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 	"github.com/payments-reference/idempotent-payments/migrations"
 )
 
@@ -215,7 +215,7 @@ func TestPaymentsOnCitus(t *testing.T) {
 	require.NoError(t, err)
 	defer appPool.Close()
 	rec := &reconcile.Reconciler{Pool: appPool, Processor: processor.NewClient(sim.URL, &http.Client{Timeout: 5 * time.Second}), Batch: 10,
-		Events: webhooks.Fanout{Schedule: config.Defaults().WebhookSchedule}}
+		Announcer: app.Announcer(config.Defaults())}
 	res, err := rec.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, reconcile.Result{Examined: 1, Failed: 1}, res)

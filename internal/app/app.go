@@ -368,7 +368,6 @@ func newOutbox(cfg config.Config, pool, webhookPool *database.Pool, proc process
 	if err != nil {
 		return nil, err
 	}
-	fanout := Fanout(cfg)
 	client := urls.Client(cfg.WebhookTimeout, cfg.WebhookWorkers)
 	// Each delivery is a client span, a child of its job's attempt.
 	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithTracerProvider(tel.TracerProvider))
@@ -376,7 +375,7 @@ func newOutbox(cfg config.Config, pool, webhookPool *database.Pool, proc process
 	if rec.Errors, err = reconcile.NewErrorCounter(tel.MeterProvider); err != nil {
 		return nil, err
 	}
-	workers := Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: webhookPool, Keyring: keyring, Client: client,
+	workers := Workers(pool, proc, Announcer(cfg), &webhooks.Deliverer{Pool: webhookPool, Keyring: keyring, Client: client,
 		Schedule: cfg.WebhookSchedule, AttemptTimeout: cfg.WebhookTimeout, Attempts: attempts,
 		Concurrency: cfg.WebhookEndpointConcurrency, DisableAfter: cfg.WebhookDisableAfter, Livemode: cfg.Livemode()}, rec)
 	return outbox.NewClient(pool, workers, outbox.Config{
@@ -397,12 +396,13 @@ func newOutbox(cfg config.Config, pool, webhookPool *database.Pool, proc process
 // Workers returns a worker for every job the service enqueues: charges,
 // refunds, webhook deliveries (deliverer), and the reconciler's periodic job
 // when rec is not nil (the handler tests run the reconciler themselves).
-// The service and the handler tests both take their workers from here, so a
-// job kind added here is worked in both.
-func Workers(pool *database.Pool, proc processor.Processor, fanout webhooks.Fanout, deliverer *webhooks.Deliverer, rec *reconcile.Reconciler) *river.Workers {
+// The settles' events go to announcer. The service and the handler tests
+// both take their workers from here, so a job kind added here is worked in
+// both.
+func Workers(pool *database.Pool, proc processor.Processor, announcer payments.Announcer, deliverer *webhooks.Deliverer, rec *reconcile.Reconciler) *river.Workers {
 	workers := river.NewWorkers()
-	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Events: fanout})
-	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Events: fanout})
+	river.AddWorker(workers, &payments.ChargeWorker{Pool: pool, Processor: proc, Announcer: announcer})
+	river.AddWorker(workers, &refunds.Worker{Pool: pool, Processor: proc, Announcer: announcer})
 	river.AddWorker(workers, deliverer)
 	if rec != nil {
 		river.AddWorker(workers, &reconcile.Worker{Reconciler: rec})
@@ -430,7 +430,13 @@ func registerLivemode(mp metric.MeterProvider, live bool) error {
 // NewReconciler returns the reconciler as configured; log hears the rows it
 // could not settle.
 func NewReconciler(cfg config.Config, pool *database.Pool, proc processor.Processor, log *slog.Logger) *reconcile.Reconciler {
-	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000, Events: Fanout(cfg), Log: log}
+	return &reconcile.Reconciler{Pool: pool, Processor: proc, Grace: cfg.ReconcileGrace, Batch: 1000, Announcer: Announcer(cfg), Log: log}
+}
+
+// Announcer returns what records the settles' events and queues their
+// webhook deliveries, as configured.
+func Announcer(cfg config.Config) events.Announcer {
+	return events.Announcer{Fanout: Fanout(cfg)}
 }
 
 // Fanout returns what queues an event's webhook deliveries, as configured.

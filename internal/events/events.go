@@ -2,10 +2,13 @@
 // a payment or a refund, with a snapshot of the object as it became, read by
 // GET /v1/events and pushed to webhook endpoints (package webhooks).
 //
-// An event is written by the statement that makes the change it describes
-// (payments.settleSQL, refunds.settleSQL): a change that commits has its
-// event, one that rolls back has none, and a change made twice (a rescued
-// job, the reconciler after a worker) is made, and recorded, once.
+// An event is written in the batch of the statement that makes the change it
+// describes (payments.settleSQL, refunds.settleSQL), which hands it to
+// Announcer, and only where that statement changed the row: a change that
+// commits has its event, one that rolls back has none, and a change made
+// twice (a rescued job, the reconciler after a worker) is made, and
+// recorded, once. Payments and refunds know no more of events than their
+// Announcer interface, so that a service can do without them (docs/fork.md).
 package events
 
 import (
@@ -20,6 +23,7 @@ import (
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/keyset"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
 )
 
 // Retention is how long an event is kept, and listable: the promise
@@ -53,10 +57,6 @@ type Request struct {
 	ID             *string `json:"id"`
 	IdempotencyKey *string `json:"idempotency_key"`
 }
-
-// Type names an event for a change of an object of kind ("payment",
-// "refund") to status: "payment.succeeded", "refund.failed".
-func Type(kind, status string) string { return kind + "." + status }
 
 // Data renders an object as an event's data.
 func Data(object any) ([]byte, error) {
@@ -127,7 +127,7 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 	})
 }
 
-// SettledSQL is the statement that records the event of a settle of
+// settledSQL is the statement that records the event of a settle of
 // principal $1's row $2 of table (payments or refunds): event $3, of type
 // $4, with data $5. The settle's UPDATE, earlier in the same batch, marked
 // the row with the event's id (settle_event_id, migration 20) if and only
@@ -136,11 +136,29 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 // Citus runs the INSERT ... SELECT on the row's shard (an INSERT given it as
 // a parameter is planned through the coordinator, which row-level security
 // refuses: docs/scaling.md).
-func SettledSQL(table string) string {
+func settledSQL(table string) string {
 	return `
 	INSERT INTO events (id, principal_id, type, data, request_id, idempotency_key, livemode)
 	SELECT $3, principal_id, $4, $5, request_id, idempotency_key, livemode
 	FROM ` + table + ` WHERE principal_id = $1 AND id = $2 AND settle_event_id = $3`
+}
+
+// Announcer records the events of payments' and refunds' settles
+// (payments.Announcer): the event, on the settle's batch, and what Fanout
+// queues for it. A nil Fanout queues nothing more.
+type Announcer struct{ Fanout Fanout }
+
+// QueueSettled implements payments.Announcer.
+func (a Announcer) QueueSettled(ctx context.Context, b *pgx.Batch, s payments.Settled) error {
+	data, err := Data(s.Object)
+	if err != nil {
+		return err
+	}
+	b.Queue(settledSQL(s.Table), s.Principal, s.ID, s.EventID, s.Type, data)
+	if a.Fanout == nil {
+		return nil
+	}
+	return a.Fanout.Queue(ctx, b, s.Principal, s.EventID)
 }
 
 // Fanout queues, on a batch of the transaction that records an event, what

@@ -35,35 +35,8 @@ func TestEventsCommitWithTheirChange(t *testing.T) {
 	id := uuid.MustParse(decode(t, r.Body)["id"].(string))
 	var principal uuid.UUID
 	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT principal_id FROM payments WHERE id = $1`, id).Scan(&principal))
-	fanout := webhooks.Fanout{Schedule: testSchedule}
-	settle := func(commit bool) bool {
-		var changed bool
-		errRollback := errors.New("roll back")
-		err := database.InTenantTx(context.Background(), b.pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
-			p, err := payments.Get(context.Background(), tx, principal, id)
-			if err != nil {
-				return err
-			}
-			b := &pgx.Batch{}
-			settled, err := payments.QueueSettle(context.Background(), b, fanout, payments.SettleParams{Principal: principal, Payment: p, Status: payments.StatusSucceeded, ProcessorID: "ch_1"})
-			if err == nil {
-				err = tx.SendBatch(context.Background(), b).Close()
-			}
-			if err == nil {
-				changed = *settled
-			}
-			if err == nil && !commit {
-				return errRollback
-			}
-			return err
-		})
-		if !commit {
-			require.ErrorIs(t, err, errRollback)
-		} else {
-			require.NoError(t, err)
-		}
-		return changed
-	}
+	announcer := events.Announcer{Fanout: webhooks.Fanout{Schedule: testSchedule}}
+	settle := func(commit bool) bool { return settleDirectly(t, b, principal, id, announcer, commit) }
 	deliveries := func() int { return b.jobs(t, `kind = 'deliver_webhook'`) }
 
 	require.True(t, settle(false))
@@ -77,6 +50,59 @@ func TestEventsCommitWithTheirChange(t *testing.T) {
 	require.False(t, settle(true), "already decided")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM events`), "a repeated change is recorded once")
 	require.Equal(t, 1, deliveries())
+}
+
+// A service without events (docs/fork.md) settles with a nil announcer:
+// the payment is decided, and no event is written nor delivery queued.
+func TestASettleWithoutAnAnnouncerWritesNoEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *options) { o.noWorkers = true })
+	k := b.newKey(t, "acme", webhookScopes...)
+	b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/hook")
+	r := b.post(t, "/v1/payments", k.Secret, "pay", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status)
+	id := uuid.MustParse(decode(t, r.Body)["id"].(string))
+	var principal uuid.UUID
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT principal_id FROM payments WHERE id = $1`, id).Scan(&principal))
+
+	require.True(t, settleDirectly(t, b, principal, id, nil, true))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments WHERE status = 'succeeded'`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM events`))
+	require.Zero(t, b.jobs(t, `kind = 'deliver_webhook'`))
+	require.False(t, settleDirectly(t, b, principal, id, nil, true), "already decided")
+}
+
+// settleDirectly settles principal's payment id as succeeded, as its charge
+// job would, with announcer, and commits or rolls back; it returns whether
+// the settle changed the row.
+func settleDirectly(t *testing.T, b *testBundle, principal, id uuid.UUID, announcer payments.Announcer, commit bool) bool {
+	t.Helper()
+	var changed bool
+	errRollback := errors.New("roll back")
+	err := database.InTenantTx(context.Background(), b.pool, principal, database.TxOptions{}, func(tx pgx.Tx) error {
+		p, err := payments.Get(context.Background(), tx, principal, id)
+		if err != nil {
+			return err
+		}
+		batch := &pgx.Batch{}
+		settled, err := payments.QueueSettle(context.Background(), batch, announcer, payments.SettleParams{Principal: principal, Payment: p, Status: payments.StatusSucceeded, ProcessorID: "ch_1"})
+		if err == nil {
+			err = tx.SendBatch(context.Background(), batch).Close()
+		}
+		if err == nil {
+			changed = *settled
+		}
+		if err == nil && !commit {
+			return errRollback
+		}
+		return err
+	})
+	if !commit {
+		require.ErrorIs(t, err, errRollback)
+	} else {
+		require.NoError(t, err)
+	}
+	return changed
 }
 
 // Events older than 30 days are swept, with their delivery attempts; the

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
+	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
 )
 
@@ -21,8 +21,8 @@ import (
 // of an idempotent write that are not the protocol (idempotent.go).
 
 // origin names the request that executes, for the events of what it creates.
-func origin(w idempotency.Work) events.Request {
-	return events.Request{ID: &w.RequestID, IdempotencyKey: &w.Key}
+func origin(w idempotency.Work) payments.Origin {
+	return payments.Origin{RequestID: w.RequestID, IdempotencyKey: w.Key}
 }
 
 // page is a list request's window: at most limit items, after the one

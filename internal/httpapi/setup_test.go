@@ -30,6 +30,7 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/app"
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/database"
+	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/httpapi"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
@@ -234,14 +235,14 @@ func setup(t *testing.T, tweak ...func(*options)) *testBundle {
 	fanout := webhooks.Fanout{Schedule: o.webhookSchedule}
 	reconcileErrors, err := reconcile.NewErrorCounter(mp)
 	require.NoError(t, err)
-	b.reconciler = &reconcile.Reconciler{Pool: pool, Processor: proc, Batch: 100, Events: fanout, Errors: reconcileErrors,
+	b.reconciler = &reconcile.Reconciler{Pool: pool, Processor: proc, Batch: 100, Announcer: events.Announcer{Fanout: fanout}, Errors: reconcileErrors,
 		Log: slog.New(slog.NewJSONHandler(b.logs, nil))}
 	require.NoError(t, webhooks.RegisterMetrics(mp, maint, 0))
 	attempts, err := webhooks.NewAttemptCounter(mp)
 	require.NoError(t, err)
 	whClient := o.urls.Client(o.webhookTimeout, webhookWorkers)
 	whClient.Transport = otelhttp.NewTransport(whClient.Transport, otelhttp.WithTracerProvider(tp))
-	workers := app.Workers(pool, proc, fanout, &webhooks.Deliverer{Pool: pool, Keyring: testKeyring, Client: whClient,
+	workers := app.Workers(pool, proc, events.Announcer{Fanout: fanout}, &webhooks.Deliverer{Pool: pool, Keyring: testKeyring, Client: whClient,
 		Schedule: o.webhookSchedule, AttemptTimeout: o.webhookTimeout, Attempts: attempts,
 		Concurrency: o.endpointConcurrency, DisableAfter: o.disableAfter}, nil)
 	jobs, err := outbox.NewClient(pool, workers, outbox.Config{

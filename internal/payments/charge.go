@@ -9,7 +9,6 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
 )
@@ -31,8 +30,8 @@ type ChargeWorker struct {
 	river.WorkerDefaults[ChargeArgs]
 	Pool      *database.Pool // the service role; the tenant is set per job
 	Processor processor.Processor
-	// Events takes each decided payment's event (webhook deliveries).
-	Events events.Fanout
+	// Announcer records each decided payment's event (nil: none).
+	Announcer Announcer
 }
 
 // Work runs one attempt.
@@ -47,7 +46,7 @@ func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) err
 				return nil, fmt.Errorf("charge payment %s: %w", p.ID, err)
 			}
 			return func(b *pgx.Batch) error {
-				_, err := QueueSettle(ctx, b, w.Events, SettleParams{Principal: job.Args.Principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
+				_, err := QueueSettle(ctx, b, w.Announcer, SettleParams{Principal: job.Args.Principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
 				return err
 			}, nil
 		},

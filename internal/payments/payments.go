@@ -23,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/keyset"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/validation"
@@ -140,11 +139,36 @@ func (n NewPayment) Validate() error {
 	return c.Err()
 }
 
+// Origin is the request that creates a payment or a refund: its request id
+// (X-Request-Id) and its Idempotency-Key, kept on the row for the events
+// that name it.
+type Origin struct{ RequestID, IdempotencyKey string }
+
+// Announcer records, on a settle's batch, the event that says so and what
+// follows from it (webhook deliveries): events.Announcer. The settle marks
+// its row with the event's id, and the event is recorded if and only if the
+// settle changed the row. Payments and refunds hand their settles to it and
+// know nothing of events, so that a service without them passes nil
+// (docs/fork.md).
+type Announcer interface {
+	QueueSettled(ctx context.Context, b *pgx.Batch, s Settled) error
+}
+
+// Settled is a settle to announce: Principal's row ID of Table (payments or
+// refunds), now of event type Type ("payment.succeeded"), marked with
+// EventID; Object is the row as the event shows it.
+type Settled struct {
+	Table                  string
+	Principal, ID, EventID uuid.UUID
+	Type                   string
+	Object                 any
+}
+
 // CreateParams is a payment to create.
 type CreateParams struct {
 	Principal uuid.UUID
 	// Origin is the request that creates it, named by its events.
-	Origin events.Request
+	Origin Origin
 	// New is the client's validated request.
 	New NewPayment
 	// Live says whether the processor that will charge it moves real money
@@ -180,7 +204,7 @@ func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, c CreateParam
 	b.Queue(`
 		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at, request_id, idempotency_key, processor_key)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.ID, req.IdempotencyKey, p.ProcessorKey)
+		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.RequestID, req.IdempotencyKey, p.ProcessorKey)
 	if err := jobs.Queue(ctx, b, principal, ChargeArgs{PaymentID: p.ID, Principal: principal}); err != nil {
 		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
 	}
@@ -279,31 +303,29 @@ type SettleParams struct {
 }
 
 // QueueSettle adds to b the statements that record s: the payment's decided
-// status, the event that says so, and what fanout queues for it. Once b has
+// status, and what announcer queues for it (its event; nil: none). Once b has
 // run, *changed says whether they changed the row: false when the payment
 // was already decided, by an earlier run of its job or by the reconciler,
 // whose answer (and event) stands. The outbox worker sends b with its job's
 // completion, the reconciler on its own: one round trip either way.
-func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, s SettleParams) (changed *bool, err error) {
+func QueueSettle(ctx context.Context, b *pgx.Batch, announcer Announcer, s SettleParams) (changed *bool, err error) {
 	p := s.Payment
 	p.Status, p.FailureReason = s.Status, s.Reason
 	processorID := database.StorableText(s.ProcessorID, MaxProcessorTextLength)
-	data, err := events.Data(p)
-	if err != nil {
-		return nil, err
-	}
 	changed = new(bool)
 	eventID := uuid.Must(uuid.NewV7())
 	b.Queue(settleSQL, s.Principal, p.ID, s.Status, s.Reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
 		*changed = tag.RowsAffected() == 1
 		return nil
 	})
-	b.Queue(events.SettledSQL("payments"), s.Principal, p.ID, eventID, events.Type("payment", s.Status), data)
-	return changed, fanout.Queue(ctx, b, s.Principal, eventID)
+	if announcer == nil {
+		return changed, nil
+	}
+	return changed, announcer.QueueSettled(ctx, b, Settled{Table: "payments", Principal: s.Principal, ID: p.ID, EventID: eventID, Type: "payment." + s.Status, Object: p})
 }
 
 // settleSQL moves the payment to its decided status, marking it with the id
-// of the event that will say so (events.SettledSQL, next in the batch): the
+// of the event that will say so (the Announcer's, next in the batch): the
 // event exists if and only if this statement changed the row.
 const settleSQL = `
 	UPDATE payments SET status = $3, failure_reason = $4, processor_id = NULLIF($5, ''), settle_event_id = $6

@@ -32,7 +32,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
@@ -51,8 +50,8 @@ type Reconciler struct {
 	Grace time.Duration
 	// Batch bounds the rows one run settles.
 	Batch int
-	// Events takes the event of each row it decides (webhook deliveries).
-	Events events.Fanout
+	// Announcer records the event of each row it decides (nil: none).
+	Announcer payments.Announcer
 	// Log hears every row that could not be settled, at ERROR; nil
 	// discards. Errors, when set, counts them (reconciliation_errors).
 	Log    *slog.Logger
@@ -236,9 +235,9 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	err = database.InTenantBatch(ctx, r.Pool, c.principal, func(b *pgx.Batch) error {
 		var err error
 		if c.kind == "payment" {
-			_, err = payments.QueueSettle(ctx, b, r.Events, payments.SettleParams{Principal: c.principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
+			_, err = payments.QueueSettle(ctx, b, r.Announcer, payments.SettleParams{Principal: c.principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
 		} else {
-			_, err = refunds.QueueSettle(ctx, b, r.Events, refunds.SettleParams{Principal: c.principal, Refund: rf, Status: status, Reason: reason, ProcessorID: res.ID})
+			_, err = refunds.QueueSettle(ctx, b, r.Announcer, refunds.SettleParams{Principal: c.principal, Refund: rf, Status: status, Reason: reason, ProcessorID: res.ID})
 		}
 		return err
 	})

@@ -25,7 +25,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/keyset"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
@@ -106,7 +105,7 @@ type NewRefund struct {
 type RequestParams struct {
 	Principal uuid.UUID
 	// Origin is the request that makes the refund, named by its events.
-	Origin    events.Request
+	Origin    payments.Origin
 	PaymentID uuid.UUID
 	New       NewRefund
 	// Now is the request transaction's now(), the refund's created_at.
@@ -175,7 +174,7 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, c
 	b.Queue(`
 		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key, processor_key, charge_key, charge_id)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
-		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.ID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey, r.ChargeID)
+		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.RequestID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey, r.ChargeID)
 	payments.QueueAddRefunded(b, principal, p.ID, r.Amount)
 	if err := jobs.Queue(ctx, b, principal, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
 		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
@@ -195,19 +194,15 @@ type SettleParams struct {
 }
 
 // QueueSettle adds to b the statements that record s: the refund's decided
-// status, the event that says so, and what fanout queues for it. A refund
+// status, and what announcer queues for it (its event; nil: none). A refund
 // that failed gives its amount back to the payment, once: only the
 // statement that moves it to failed does. A refund waiting for
 // reconciliation keeps its amount counted, since the money may have moved.
 // Once b has run, *changed says whether the row changed.
-func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, s SettleParams) (changed *bool, err error) {
+func QueueSettle(ctx context.Context, b *pgx.Batch, announcer payments.Announcer, s SettleParams) (changed *bool, err error) {
 	r := s.Refund
 	r.Status, r.FailureReason = s.Status, s.Reason
 	processorID := database.StorableText(s.ProcessorID, payments.MaxProcessorTextLength)
-	data, err := events.Data(r)
-	if err != nil {
-		return nil, err
-	}
 	changed = new(bool)
 	eventID := uuid.Must(uuid.NewV7())
 	b.Queue(settleSQL, s.Principal, r.ID, s.Status, s.Reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
@@ -215,12 +210,14 @@ func QueueSettle(ctx context.Context, b *pgx.Batch, fanout events.Fanout, s Sett
 		return nil
 	})
 	b.Queue(givenBackSQL, s.Principal, r.ID, eventID)
-	b.Queue(events.SettledSQL("refunds"), s.Principal, r.ID, eventID, events.Type("refund", s.Status), data)
-	return changed, fanout.Queue(ctx, b, s.Principal, eventID)
+	if announcer == nil {
+		return changed, nil
+	}
+	return changed, announcer.QueueSettled(ctx, b, payments.Settled{Table: "refunds", Principal: s.Principal, ID: r.ID, EventID: eventID, Type: "refund." + s.Status, Object: r})
 }
 
 // settleSQL moves the refund, marking it with the id of the event that will
-// say so; givenBackSQL and events.SettledSQL, next in the same batch (one
+// say so; givenBackSQL and the Announcer's event, next in the same batch (one
 // transaction), act only on a refund carrying that id, so none of the three
 // happens without the others. Each names the principal, $1, so that all
 // three stay on its shard.

@@ -9,7 +9,6 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/outbox"
 	"github.com/payments-reference/idempotent-payments/internal/payments"
 	"github.com/payments-reference/idempotent-payments/internal/processor"
@@ -34,8 +33,8 @@ type Worker struct {
 	river.WorkerDefaults[Args]
 	Pool      *database.Pool
 	Processor processor.Processor
-	// Events takes each decided refund's event (webhook deliveries).
-	Events events.Fanout
+	// Announcer records each decided refund's event (nil: none).
+	Announcer payments.Announcer
 }
 
 // Work runs one attempt.
@@ -52,7 +51,7 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
 			}
 			return func(b *pgx.Batch) error {
-				_, err := QueueSettle(ctx, b, w.Events, SettleParams{Principal: job.Args.Principal, Refund: r, Status: status, Reason: reason, ProcessorID: res.ID})
+				_, err := QueueSettle(ctx, b, w.Announcer, SettleParams{Principal: job.Args.Principal, Refund: r, Status: status, Reason: reason, ProcessorID: res.ID})
 				return err
 			}, nil
 		},

@@ -239,7 +239,7 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 // its owner (sent to their other endpoints that take it, and listable).
 // The event is recorded if and only if this attempt disabled the endpoint:
 // its INSERT ... SELECT reads the endpoint only where the UPDATE marked it
-// with the event's id, as a settle's event (events.SettledSQL).
+// with the event's id, as a settle's event (events.Announcer).
 func (d *Deliverer) queueFailed(ctx context.Context, b *pgx.Batch, principal uuid.UUID, ep Endpoint) error {
 	b.Queue(`UPDATE webhook_endpoints SET failing_since = now()
 		WHERE principal_id = $1 AND id = $2 AND status = 'enabled' AND failing_since IS NULL`, principal, ep.ID)
