@@ -28,13 +28,7 @@ import (
 func TestEventsCommitWithTheirChange(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *options) { o.noWorkers = true })
-	k := b.newKey(t, "acme", webhookScopes...)
-	b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/hook")
-	r := b.post(t, "/v1/payments", k.Secret, "pay", paymentBody)
-	require.Equal(t, http.StatusCreated, r.Status)
-	id := uuid.MustParse(decode(t, r.Body)["id"].(string))
-	var principal uuid.UUID
-	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT principal_id FROM payments WHERE id = $1`, id).Scan(&principal))
+	principal, id := paymentToSettle(t, b)
 	announcer := events.Announcer{Fanout: webhooks.Fanout{Schedule: testSchedule}}
 	settle := func(commit bool) bool { return settleDirectly(t, b, principal, id, announcer, commit) }
 	deliveries := func() int { return b.jobs(t, `kind = 'deliver_webhook'`) }
@@ -57,19 +51,27 @@ func TestEventsCommitWithTheirChange(t *testing.T) {
 func TestASettleWithoutAnAnnouncerWritesNoEvent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *options) { o.noWorkers = true })
-	k := b.newKey(t, "acme", webhookScopes...)
-	b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/hook")
-	r := b.post(t, "/v1/payments", k.Secret, "pay", paymentBody)
-	require.Equal(t, http.StatusCreated, r.Status)
-	id := uuid.MustParse(decode(t, r.Body)["id"].(string))
-	var principal uuid.UUID
-	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT principal_id FROM payments WHERE id = $1`, id).Scan(&principal))
+	principal, id := paymentToSettle(t, b)
 
 	require.True(t, settleDirectly(t, b, principal, id, nil, true))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments WHERE status = 'succeeded'`))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM events`))
 	require.Zero(t, b.jobs(t, `kind = 'deliver_webhook'`))
 	require.False(t, settleDirectly(t, b, principal, id, nil, true), "already decided")
+}
+
+// paymentToSettle makes a payment, left processing (b has no workers), for
+// a principal with a webhook endpoint, and returns the principal and the
+// payment's id.
+func paymentToSettle(t *testing.T, b *testBundle) (principal, id uuid.UUID) {
+	t.Helper()
+	k := b.newKey(t, "acme", webhookScopes...)
+	b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/hook")
+	r := b.post(t, "/v1/payments", k.Secret, "pay", paymentBody)
+	require.Equal(t, http.StatusCreated, r.Status)
+	id = uuid.MustParse(decode(t, r.Body)["id"].(string))
+	require.NoError(t, b.admin.QueryRow(context.Background(), `SELECT principal_id FROM payments WHERE id = $1`, id).Scan(&principal))
+	return principal, id
 }
 
 // settleDirectly settles principal's payment id as succeeded, as its charge
