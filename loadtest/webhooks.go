@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
 // A run's webhooks (-webhook-latency): every principal registers one
@@ -21,8 +19,11 @@ import (
 // webhook workers' own queue, beside the charges. The figures come from
 // river_job, as the charges' do (outbox.go).
 
-// deliveryKind is the webhook deliveries' kind in river_job.
-var deliveryKind = webhooks.DeliveryArgs{}.Kind()
+// deliveryKind is the webhook deliveries' kind in river_job
+// (webhooks.DeliveryArgs), written out so that the load test builds in a
+// fork without webhooks (docs/fork.md); TestDeliveryKind holds it to the
+// service's.
+const deliveryKind = "deliver_webhook"
 
 // slowReceiver answers every delivery 200 after a fixed latency.
 type slowReceiver struct {
