@@ -114,7 +114,20 @@ func TestConcurrentRelaysEnqueueEachJobOnce(t *testing.T) {
 	var running sync.WaitGroup
 	for range relays {
 		relay := Relay{Pool: b.pool, Batch: 7, Interval: time.Millisecond,
-			OnError: func(err error) { t.Errorf("relay pass: %v", err) }}
+			OnError: func(err error) {
+				// Two relays can copy the same rows (one copies them again
+				// before the other has deleted them), and then delete them at
+				// once: the second's delete waits for the first's, and under
+				// load gives up on the lock after a second, as designed. The
+				// rows are then copied again, and River's unique key keeps
+				// the copy out: what the assertions below check. (Seen once,
+				// in a fork recipe's check on a loaded machine.)
+				if database.IsLockTimeout(err) {
+					t.Logf("relay pass: %v", err)
+					return
+				}
+				t.Errorf("relay pass: %v", err)
+			}}
 		running.Go(func() { relay.Run(ctx) })
 	}
 	var writing sync.WaitGroup
