@@ -7,7 +7,7 @@
 //	go run ./faults -phase 30s -workers 32
 //	go run ./faults -failover                 # failovers of a pg_auto_failover formation, about 4 min
 //	go run ./faults -failover -standby async  # the same with an asynchronous standby: it loses payments
-//	go run ./faults -citus                    # a Citus cluster's worker, then coordinator, killed; about 2 min
+//	go run ./faults -citus                    # a Citus cluster's worker, then coordinator, killed; about a minute
 //
 // It creates a database of its own (payments_faults_<time>) on the server
 // -database-url names, applies the migrations, and drops it afterwards

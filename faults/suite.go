@@ -408,7 +408,8 @@ func proxyPhases(proxy *faultproxy.Proxy, api *apiProcess, l **ledger) ([]string
 
 // idleInTransaction counts the sessions of the suite's database that have
 // sat in an open transaction, without running a statement, for longer than
-// idle: those whose holder vanished and that the server has not ended.
+// idle: those whose holder vanished and that the server has not ended. On
+// Citus it sees the coordinator's sessions only, not the workers'.
 func idleInTransaction(ctx context.Context, admin *pgxpool.Pool, idle time.Duration) (int, error) {
 	var n int
 	err := admin.QueryRow(ctx, `
