@@ -3,7 +3,10 @@ package idempotentpayments_test
 import (
 	"bufio"
 	"bytes"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -78,4 +81,37 @@ func TestProductionBinaryDependencies(t *testing.T) {
 	} {
 		require.NotContains(t, deps, bad)
 	}
+}
+
+// Batching has one door (docs/architecture.md, "Statements are values"):
+// domain packages return database.Statements, and only internal/database
+// turns them into a pgx batch, so that no domain function's signature is
+// shaped by the round trip it travels in.
+func TestOnlyTheDatabasePackageBuildsBatches(t *testing.T) {
+	t.Parallel()
+	var seen, batching []string
+	for _, root := range []string{"cmd", "internal"} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			switch {
+			case err != nil:
+				return err
+			case d.IsDir() && path == filepath.Join("internal", "testsupport"):
+				return filepath.SkipDir
+			case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+				return nil
+			}
+			src, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			seen = append(seen, path)
+			if bytes.Contains(src, []byte("pgx.Batch")) && filepath.Dir(path) != filepath.Join("internal", "database") {
+				batching = append(batching, path)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	require.Contains(t, seen, filepath.Join("internal", "payments", "payments.go"), "the walk saw the service")
+	require.Empty(t, batching, "build batches with database.Send: return database.Statements instead")
 }

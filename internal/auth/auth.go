@@ -141,14 +141,14 @@ func ParseCredentials(header string) (Credentials, error) {
 // working at once. The service role cannot read api_keys itself.
 const authenticateSQL = `SELECT key_id, principal_id, scopes FROM authenticate_request($1, $2)`
 
-// Queue adds to b the statement that authenticates c for scope and sets the
-// tenant, and stores the caller in *p when b runs. It must be b's first
-// statement, in a transaction begun without a tenant (database.InTx): if it
-// fails, the batch stops there and nothing after it runs.
-func (c Credentials) Queue(b *pgx.Batch, scope string, p *Principal) {
-	b.Queue(authenticateSQL, c.hash[:], scope).QueryRow(func(row pgx.Row) error {
+// Authentication is the statement that authenticates c for scope and sets
+// the tenant, storing the caller in *p when it runs. It must be the first
+// statement sent in a transaction begun without a tenant (database.InTx):
+// if it fails, nothing sent after it runs.
+func (c Credentials) Authentication(scope string, p *Principal) database.Statement {
+	return database.Statement{SQL: authenticateSQL, Args: []any{c.hash[:], scope}, Row: func(row pgx.Row) error {
 		return c.scan(row, scope, p)
-	})
+	}}
 }
 
 // Authenticate authenticates c for scope as one statement in tx, and sets

@@ -327,27 +327,24 @@ func inTx(ctx context.Context, pool *Pool, tenant string, opts TxOptions, fn fun
 	return nil
 }
 
-// InTenantBatch sends the statements fn queues, between BEGIN with the
-// statement that sets principal as the tenant and COMMIT, in one round
-// trip: the tenant holds for the batch's statements and for nothing after
-// it, and the statements commit together or not at all. (BEGIN is sent,
-// rather than relying on the batch's implicit transaction, because Citus
-// passes a SET LOCAL on to its workers only inside a transaction block.
-// The tenant is set_tenant($1), migration 15: a SET LOCAL with the value
-// in its text would be a statement of its own for every principal in
-// pgx's statement cache.) It suits work whose statements do not depend on each
-// other's results, such as an outbox job's read, or the answer it records
-// with the job's completion. Whether a batch whose connection was lost had
-// committed is unknown: only a caller that can repeat it safely (a job,
-// which is retried) may use it for writes. An error from fn sends nothing.
-func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func(b *pgx.Batch) error) error {
-	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	b.Queue("SELECT set_tenant($1)", principal)
-	if err := fn(b); err != nil {
-		return err
-	}
-	b.Queue("COMMIT")
+// SendInTenant sends stmts between BEGIN with the statement that sets
+// principal as the tenant, and COMMIT, in one round trip: the tenant holds
+// for stmts and for nothing after them, and they commit together or not at
+// all. (BEGIN is sent, rather than relying on the batch's implicit
+// transaction, because Citus passes a SET LOCAL on to its workers only
+// inside a transaction block. The tenant is set_tenant($1), migration 15: a
+// SET LOCAL with the value in its text would be a statement of its own for
+// every principal in pgx's statement cache.) It suits work whose statements
+// do not depend on each other's results, such as an outbox job's read, or
+// the answer it records with the job's completion. Whether a batch whose
+// connection was lost had committed is unknown: only a caller that can
+// repeat it safely (a job, which is retried) may use it for writes.
+func SendInTenant(ctx context.Context, pool *Pool, principal uuid.UUID, stmts ...Statement) error {
+	all := make([]Statement, 0, len(stmts)+3)
+	all = append(all,
+		Statement{SQL: "BEGIN ISOLATION LEVEL READ COMMITTED"},
+		Statement{SQL: "SELECT set_tenant($1)", Args: []any{principal}})
+	all = append(append(all, stmts...), Statement{SQL: "COMMIT"})
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -356,7 +353,7 @@ func InTenantBatch(ctx context.Context, pool *Pool, principal uuid.UUID, fn func
 	// When a statement fails, the server skips the rest, COMMIT included,
 	// and the failed transaction stays open: pgxpool closes a connection
 	// released in a transaction, so none goes back to the pool in one.
-	err = conn.SendBatch(ctx, b).Close()
+	err = Send(ctx, conn, all...)
 	// A batch is repeated by its job, which a processor key makes safe; a
 	// warning heard here is only cleared, so that it is never taken for a
 	// later COMMIT's on this connection.
@@ -459,6 +456,7 @@ type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // principalsPage is how many principals EachPrincipal reads at a time.

@@ -90,16 +90,16 @@ func Get(ctx context.Context, db database.DBTX, principal, id uuid.UUID) (Event,
 	return e, nil
 }
 
-// QueueGet is Get queued on b: *e is the event once b has run, and b fails
+// Load is Get as a statement: *e is the event once it has run, and it fails
 // with ErrNotFound when there is none.
-func QueueGet(b *pgx.Batch, principal, id uuid.UUID, e *Event) {
-	b.Queue(`SELECT `+columns+` FROM events WHERE principal_id = $1 AND id = $2`, principal, id).QueryRow(func(row pgx.Row) (err error) {
+func Load(principal, id uuid.UUID, e *Event) database.Statement {
+	return database.Statement{SQL: `SELECT ` + columns + ` FROM events WHERE principal_id = $1 AND id = $2`, Args: []any{principal, id}, Row: func(row pgx.Row) (err error) {
 		*e, err = scan(row)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}
 		return err
-	})
+	}}
 }
 
 // List returns up to limit of principal's events, after the event with
@@ -129,7 +129,7 @@ func List(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uui
 
 // settledSQL is the statement that records the event of a settle of
 // principal $1's row $2 of table (payments or refunds): event $3, of type
-// $4, with data $5. The settle's UPDATE, earlier in the same batch, marked
+// $4, with data $5. The settle's UPDATE, sent before it, marked
 // the row with the event's id (settle_event_id, migration 20) if and only
 // if it changed it, so the event is inserted if and only if that UPDATE
 // changed the row. The event's principal is the row's own column, so that
@@ -144,30 +144,31 @@ func settledSQL(table string) string {
 }
 
 // Announcer records the events of payments' and refunds' settles
-// (payments.Announcer): the event, on the settle's batch, and what Fanout
-// queues for it. A nil Fanout queues nothing more.
+// (payments.Announcer): the statement that records the event, and Fanout's
+// for it. A nil Fanout adds nothing more.
 type Announcer struct{ Fanout Fanout }
 
-// QueueSettled implements payments.Announcer.
-func (a Announcer) QueueSettled(ctx context.Context, b *pgx.Batch, s payments.Settled) error {
+// Announce implements payments.Announcer.
+func (a Announcer) Announce(ctx context.Context, s payments.Settled) ([]database.Statement, error) {
 	data, err := Data(s.Object)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	b.Queue(settledSQL(s.Table), s.Principal, s.ID, s.EventID, s.Type, data)
+	event := database.Statement{SQL: settledSQL(s.Table), Args: []any{s.Principal, s.ID, s.EventID, s.Type, data}}
 	if a.Fanout == nil {
-		return nil
+		return []database.Statement{event}, nil
 	}
-	return a.Fanout.Queue(ctx, b, s.Principal, s.EventID)
+	then, err := a.Fanout.FanOut(ctx, s.Principal, s.EventID)
+	return append([]database.Statement{event}, then...), err
 }
 
-// Fanout queues, on a batch of the transaction that records an event, what
-// must happen because of it: webhooks.Fanout inserts one delivery job per
-// endpoint. It is called after the statement that may insert the event, and
-// does nothing when that statement inserted none (the change was already
+// Fanout gives the statements of what must happen because of an event,
+// sent after the statement that may insert it, in the same transaction:
+// webhooks.Fanout inserts one delivery job per endpoint. They must do
+// nothing when that statement inserted no event (the change was already
 // made). ctx carries the trace the deliveries continue.
 type Fanout interface {
-	Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid.UUID) error
+	FanOut(ctx context.Context, principal, eventID uuid.UUID) ([]database.Statement, error)
 }
 
 // sweepChunkSQL deletes at most $2 of principal $1's events older than the

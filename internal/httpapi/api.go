@@ -35,7 +35,7 @@ type Deps struct {
 	Idempotency Executor
 	// Outbox takes the jobs a request inserts in its transaction: the
 	// processor calls of payments and refunds.
-	Outbox outbox.Queuer
+	Outbox outbox.Enqueuer
 	// Keyring derives webhook endpoints' signing secrets; URLs decides
 	// which URLs an endpoint may have.
 	Keyring webhooks.Keyring
@@ -68,7 +68,7 @@ type api struct {
 	log          *slog.Logger
 	pool         *database.Pool
 	idem         Executor
-	outbox       outbox.Queuer
+	outbox       outbox.Enqueuer
 	maxBodyBytes int64
 	livemode     bool
 	keyring      webhooks.Keyring

@@ -86,10 +86,9 @@ func settleDirectly(t *testing.T, b *testBundle, principal, id uuid.UUID, announ
 		if err != nil {
 			return err
 		}
-		batch := &pgx.Batch{}
-		settled, err := payments.QueueSettle(context.Background(), batch, announcer, payments.SettleParams{Principal: principal, Payment: p, Status: payments.StatusSucceeded, ProcessorID: "ch_1"})
+		settle, settled, err := payments.Settle(context.Background(), announcer, payments.SettleParams{Principal: principal, Payment: p, Status: payments.StatusSucceeded, ProcessorID: "ch_1"})
 		if err == nil {
-			err = tx.SendBatch(context.Background(), batch).Close()
+			err = database.Send(context.Background(), tx, settle...)
 		}
 		if err == nil {
 			changed = *settled

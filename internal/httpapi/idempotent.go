@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
+	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
 )
 
@@ -40,10 +41,9 @@ func idempotentRequest(r *http.Request, canonicalBody []byte) (idempotency.Reque
 	principal, _ := creds.Principal()
 	return idempotency.Request{
 		Principal: principal,
-		Authenticate: func(b *pgx.Batch) *uuid.UUID {
+		Authenticate: func() (database.Statement, *uuid.UUID) {
 			var p auth.Principal
-			creds.Queue(b, scope, &p)
-			return &p.ID
+			return creds.Authentication(scope, &p), &p.ID
 		},
 		Scope: idempotency.Scope{
 			Endpoint: r.Method + " " + chi.RouteContext(r.Context()).RoutePattern(),

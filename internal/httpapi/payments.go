@@ -33,13 +33,13 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	a.runIdempotent(w, r, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, w.Batch, a.outbox, payments.CreateParams{Principal: w.Principal, Origin: origin(w), New: in,
+			p, writes, err := payments.Create(ctx, a.outbox, payments.CreateParams{Principal: w.Principal, Origin: origin(w), New: in,
 				Live: a.livemode, Now: w.Now, ProcessorKey: w.Intent})
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
 			resp, err := renderJSON(http.StatusCreated, p)
-			return idempotency.Outcome{Response: resp, ResourceRef: p.ID.String()}, err
+			return idempotency.Outcome{Response: resp, ResourceRef: p.ID.String(), Writes: writes}, err
 		},
 		Rederive: rederive(payments.Get),
 	})

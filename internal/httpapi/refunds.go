@@ -46,7 +46,7 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
 			// A payment of another principal is invisible here (row-level
 			// security): the error rolls back the claim and the caller gets 404.
-			refund, err := refunds.Request(ctx, w.Tx, w.Batch, a.outbox, refunds.RequestParams{Principal: w.Principal, Origin: origin(w),
+			refund, writes, err := refunds.Request(ctx, w.Tx, a.outbox, refunds.RequestParams{Principal: w.Principal, Origin: origin(w),
 				PaymentID: paymentID, New: in, Now: w.Now, ProcessorKey: w.Intent})
 			var exceeds *refunds.ExceedsError
 			switch {
@@ -63,7 +63,7 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 				return idempotency.Outcome{}, err
 			}
 			resp, err := renderJSON(http.StatusCreated, refund)
-			return idempotency.Outcome{Response: resp, ResourceRef: refund.ID.String()}, err
+			return idempotency.Outcome{Response: resp, ResourceRef: refund.ID.String(), Writes: writes}, err
 		},
 		Rederive: rederive(refunds.Get),
 		// The stored response is shown only while the payment is still the

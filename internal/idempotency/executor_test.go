@@ -66,7 +66,7 @@ func TestReplayIsReadOnly(t *testing.T) {
 
 // newCaller creates a principal with a payments:write key and returns the
 // Request.Authenticate that presents it.
-func newCaller(t *testing.T, db testdb.DB) func(*pgx.Batch) *uuid.UUID {
+func newCaller(t *testing.T, db testdb.DB) func() (database.Statement, *uuid.UUID) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, db.OwnerURL)
@@ -79,9 +79,8 @@ func newCaller(t *testing.T, db testdb.DB) func(*pgx.Batch) *uuid.UUID {
 	}))
 	creds, err := auth.ParseCredentials("Bearer " + key.Secret)
 	require.NoError(t, err)
-	return func(b *pgx.Batch) *uuid.UUID {
+	return func() (database.Statement, *uuid.UUID) {
 		var p auth.Principal
-		creds.Queue(b, auth.ScopePaymentsWrite, &p)
-		return &p.ID
+		return creds.Authentication(auth.ScopePaymentsWrite, &p), &p.ID
 	}
 }

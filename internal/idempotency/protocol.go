@@ -76,7 +76,7 @@ func (e *Executor) Do(ctx context.Context, req Request, op Operation) (Result, e
 func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *observation) (res Result, outcome string, err error) {
 	var principal uuid.UUID
 	err = database.InTx(ctx, e.pool, database.TxOptions{LockTimeout: e.cfg.LockTimeout}, func(tx pgx.Tx) error {
-		b, caller, err := authenticate(ctx, tx, req)
+		pending, caller, err := authenticate(ctx, tx, req)
 		if err != nil {
 			return err
 		}
@@ -87,9 +87,9 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			// row makes this statement wait until that attempt ends (at most
 			// LOCK_TIMEOUT), and then it sees the outcome.
 			var c claimed
-			queueClaim(b, principal, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, &c)
+			pending = append(pending, claim(principal, req.Scope, req.Fingerprint, req.RequestID, obs.traceParent, e.cfg.Retention, &c)...)
 			start := time.Now()
-			err := tx.SendBatch(ctx, b).Close()
+			err := database.Send(ctx, tx, pending...)
 			obs.claimed(ctx, start)
 			if database.IsLockTimeout(err) {
 				outcome = OutcomeConflict
@@ -98,7 +98,7 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 			if err != nil {
 				return fmt.Errorf("claim key: %w", err)
 			}
-			b = &pgx.Batch{}
+			pending = nil
 			if err := caller.check(); err != nil {
 				return err
 			}
@@ -168,11 +168,10 @@ func (e *Executor) run(ctx context.Context, req Request, op Operation, obs *obse
 
 // execute runs op in the transaction that owns the key and stores its
 // outcome on the claimed row: the business write and the response commit
-// together, or neither does. The operation's batched writes and the
-// response travel in one round trip.
+// together, or neither does. The operation's writes (Outcome.Writes) and
+// the response travel in one round trip.
 func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principal uuid.UUID, now time.Time, op Operation, res *Result) error {
-	b := &pgx.Batch{}
-	out, err := op.Execute(ctx, Work{Tx: tx, Batch: b, Now: now, Principal: principal, RequestID: req.RequestID, Key: req.Key,
+	out, err := op.Execute(ctx, Work{Tx: tx, Now: now, Principal: principal, RequestID: req.RequestID, Key: req.Key,
 		Intent: IntentKey(principal, req.Scope, req.Fingerprint)})
 	if err != nil {
 		return err
@@ -191,8 +190,7 @@ func (e *Executor) execute(ctx context.Context, tx pgx.Tx, req Request, principa
 		}
 		ref = out.ResourceRef
 	}
-	queueComplete(b, principal, req.Scope, state, out.Response, ref)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	if err := database.Send(ctx, tx, append(out.Writes, complete(principal, req.Scope, state, out.Response, ref))...); err != nil {
 		return err
 	}
 	res.Response, res.OriginalRequestID = out.Response, req.RequestID

@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
 // MaxKeyLength is the longest accepted Idempotency-Key.
@@ -169,21 +171,21 @@ func (c caller) check() error {
 	return nil
 }
 
-// authenticate returns the batch the claim joins, which begins with the
-// caller's authentication (which sets the transaction's tenant), and the
-// principal the claim names. That principal is known before the
+// authenticate returns the statements the claim's round trip begins with,
+// the caller's authentication (which sets the transaction's tenant), and
+// the principal the claim names. That principal is known before the
 // authentication answers once this process has seen the caller's key
 // (Request.Principal); the first time, the authentication runs in a round
-// trip of its own.
-func authenticate(ctx context.Context, tx pgx.Tx, req Request) (*pgx.Batch, caller, error) {
-	b := &pgx.Batch{}
-	c := caller{named: req.Principal, authenticated: req.Authenticate(b)}
+// trip of its own, and the claim's begins with nothing more.
+func authenticate(ctx context.Context, tx pgx.Tx, req Request) ([]database.Statement, caller, error) {
+	first, authenticated := req.Authenticate()
+	c := caller{named: req.Principal, authenticated: authenticated}
 	if c.named != uuid.Nil {
-		return b, c, nil
+		return []database.Statement{first}, c, nil
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	if err := database.Send(ctx, tx, first); err != nil {
 		return nil, c, fmt.Errorf("authenticate: %w", err)
 	}
 	c.named = *c.authenticated
-	return &pgx.Batch{}, c, nil
+	return nil, c, nil
 }

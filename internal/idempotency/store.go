@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
 // State is where a key's record is in its life.
@@ -94,19 +96,19 @@ type claimed struct {
 	found bool
 }
 
-// queueClaim adds principal's claim and the lookup behind it to b, and
-// fills c when b runs; with a synchronous standby, also the WAL message that
-// makes a replay's COMMIT wait for it.
-func queueClaim(b *pgx.Batch, principal uuid.UUID, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, c *claimed) {
-	b.Queue(claimSQL, principal, s.Endpoint, s.Key, fingerprint, requestID, traceParent, ttl.Milliseconds()).QueryRow(func(row pgx.Row) error {
+// claim is principal's claim and the lookup behind it, which fill c when
+// they run; with a synchronous standby, also the WAL message that makes a
+// replay's COMMIT wait for it.
+func claim(principal uuid.UUID, s Scope, fingerprint []byte, requestID, traceParent string, ttl time.Duration, c *claimed) []database.Statement {
+	insert := database.Statement{SQL: claimSQL, Args: []any{principal, s.Endpoint, s.Key, fingerprint, requestID, traceParent, ttl.Milliseconds()}, Row: func(row pgx.Row) error {
 		err := row.Scan(&c.now)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		c.owned = err == nil
 		return err
-	})
-	b.Queue(lookupSQL, principal, s.Endpoint, s.Key).QueryRow(func(row pgx.Row) error {
+	}}
+	lookup := database.Statement{SQL: lookupSQL, Args: []any{principal, s.Endpoint, s.Key}, Row: func(row pgx.Row) error {
 		var status *int16
 		r := &c.rec
 		err := row.Scan(&r.State, &r.Fingerprint, &status, &r.Response.ContentType, &r.Response.Body, &r.ResourceRef, &r.OriginalRequestID, &r.TraceParent)
@@ -121,7 +123,7 @@ func queueClaim(b *pgx.Batch, principal uuid.UUID, s Scope, fingerprint []byte, 
 		}
 		c.found = !c.owned
 		return nil
-	})
+	}}
 	// Where COMMITs wait for a synchronous standby, a replay's transaction
 	// writes WAL too (a logical message, which touches no table), so that
 	// its COMMIT waits like a write's for the standby to have the WAL up to
@@ -131,8 +133,9 @@ func queueClaim(b *pgx.Batch, principal uuid.UUID, s Scope, fingerprint []byte, 
 	// standby never saw. A transaction that writes no WAL commits without
 	// waiting, whatever synchronous_commit says; without a standby the
 	// replay stays a read.
-	b.Queue(`SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
-		THEN pg_logical_emit_message(true, 'idempotency', 'replay') END`)
+	wal := database.Statement{SQL: `SELECT CASE WHEN current_setting('synchronous_standby_names') <> ''
+		THEN pg_logical_emit_message(true, 'idempotency', 'replay') END`}
+	return []database.Statement{insert, lookup, wal}
 }
 
 // takeOverSQL claims a key whose row is past its expires_at: outside the
@@ -174,25 +177,25 @@ func takeOver(ctx context.Context, tx pgx.Tx, principal uuid.UUID, s Scope, fing
 	return true, now, nil
 }
 
-// queueComplete adds to b the statement that stores the outcome on the
-// claimed row, in the claiming transaction: either the body or, when it is
-// over the cap, ref. It goes last in the batch that carries the operation's
-// own writes, so they and the response reach the server in one round trip.
-func queueComplete(b *pgx.Batch, principal uuid.UUID, s Scope, state State, resp Response, ref string) {
+// complete is the statement that stores the outcome on the claimed row, in
+// the claiming transaction: either the body or, when it is over the cap,
+// ref. It goes last in the round trip that carries the operation's own
+// writes, so they and the response reach the server together.
+func complete(principal uuid.UUID, s Scope, state State, resp Response, ref string) database.Statement {
 	body, refArg := resp.Body, &ref
 	if ref == "" {
 		refArg = nil
 	} else {
 		body = nil
 	}
-	b.Queue(`
+	return database.Statement{SQL: `
 		UPDATE idempotency_keys
 		SET state = $4, response_status = $5, response_content_type = $6, response_body = $7, response_ref = $8
 		WHERE principal_id = $1 AND endpoint = $2 AND key = $3 AND state = 'in_progress'`,
-		principal, s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, body, refArg).Exec(func(tag pgconn.CommandTag) error {
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("store response: claimed row not found in state in_progress (updated %d rows)", tag.RowsAffected())
-		}
-		return nil
-	})
+		Args: []any{principal, s.Endpoint, s.Key, string(state), resp.Status, resp.ContentType, body, refArg}, Done: func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("store response: claimed row not found in state in_progress (updated %d rows)", tag.RowsAffected())
+			}
+			return nil
+		}}
 }

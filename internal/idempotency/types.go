@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/payments-reference/idempotent-payments/internal/database"
 )
 
 var (
@@ -47,6 +49,11 @@ type Outcome struct {
 	// webhook endpoint's signing secret): only ResourceRef is stored, as
 	// for a body over the cap, and a replay re-derives the body.
 	Secret bool
+	// Writes are the operation's writes whose values are already known in
+	// Go (a payment's insert and its job's). The executor sends them with
+	// the statement that stores the response, in one round trip; an error
+	// from any of them rolls everything back like an error from Execute.
+	Writes []database.Statement
 }
 
 // Operation is an endpoint's part of the protocol.
@@ -70,13 +77,10 @@ type Operation struct {
 // Work is where an Operation does its business write.
 type Work struct {
 	// Tx is the claiming transaction, for statements whose results the
-	// operation needs before it can go on (a row to lock and check).
+	// operation needs before it can go on (a row to lock and check); its
+	// other writes are best returned as Outcome.Writes, which saves a round
+	// trip.
 	Tx pgx.Tx
-	// Batch takes the writes whose values are already known in Go. The
-	// executor sends them after Execute returns, with the statement that
-	// stores the response, in one round trip; an error from any of them
-	// rolls everything back like an error from Execute.
-	Batch *pgx.Batch
 	// Now is the transaction's now(), which every now() in it returns: a
 	// response can show a created_at before its row is written.
 	Now time.Time
@@ -94,12 +98,12 @@ type Work struct {
 
 // Request is one attempt to run an Operation under a key.
 type Request struct {
-	// Authenticate adds to b the statement that authenticates the caller
-	// and sets the transaction's tenant (auth.Credentials.Queue), and
-	// returns where the caller's principal will be once b has run. The
-	// executor sends it first in the claim's round trip; when it fails,
-	// nothing after it runs and Do returns its error.
-	Authenticate func(b *pgx.Batch) *uuid.UUID
+	// Authenticate returns the statement that authenticates the caller and
+	// sets the transaction's tenant (auth.Credentials.Authentication), and
+	// where the caller's principal will be once it has run. The executor
+	// sends it first in the claim's round trip; when it fails, nothing
+	// after it runs and Do returns its error.
+	Authenticate func() (stmt database.Statement, principal *uuid.UUID)
 	// Principal is the caller's principal when it is known before the
 	// authentication has answered (auth.Credentials.Principal), or
 	// uuid.Nil. The claim names it, so that it can travel in the

@@ -48,14 +48,15 @@ const (
 	QueueMaintenance = "maintenance"
 )
 
-// Queuer adds a job to a batch of the transaction that makes the job's
-// reason (a payment, a refund) for principal: the job commits with it, or
-// neither does. A domain package needs nothing else of River to enqueue.
-type Queuer interface {
-	Queue(ctx context.Context, b *pgx.Batch, principal uuid.UUID, args river.JobArgs) error
+// Enqueuer gives the statement that enqueues a job for principal, to send
+// in the transaction that makes the job's reason (a payment, a refund): the
+// job commits with it, or neither does. A domain package needs nothing else
+// of River to enqueue.
+type Enqueuer interface {
+	Enqueue(ctx context.Context, principal uuid.UUID, args river.JobArgs) (database.Statement, error)
 }
 
-// Writer queues processor jobs (QueueProcessor) as one plain INSERT into
+// Writer enqueues processor jobs (QueueProcessor) by one plain INSERT into
 // outbox_jobs, so the job travels in the same round trip as the row it acts
 // on (River's InsertTx would be a round trip of its own) and, on Citus, to
 // the same shard.
@@ -65,23 +66,22 @@ type Writer struct {
 	MaxAttempts int
 }
 
-// Queue implements Queuer. The job's metadata carries the request's
+// Enqueue implements Enqueuer. The job's metadata carries the request's
 // traceparent, as otelriver's insert middleware would write it, so every
 // attempt of the job is traced in the request's trace (requestTrace).
-func (w Writer) Queue(ctx context.Context, b *pgx.Batch, principal uuid.UUID, args river.JobArgs) error {
+func (w Writer) Enqueue(ctx context.Context, principal uuid.UUID, args river.JobArgs) (database.Statement, error) {
 	raw, err := json.Marshal(args)
 	if err != nil {
-		return fmt.Errorf("encode %s job: %w", args.Kind(), err)
+		return database.Statement{}, fmt.Errorf("encode %s job: %w", args.Kind(), err)
 	}
 	meta, err := Metadata(ctx)
 	if err != nil {
-		return fmt.Errorf("encode %s job metadata: %w", args.Kind(), err)
+		return database.Statement{}, fmt.Errorf("encode %s job metadata: %w", args.Kind(), err)
 	}
-	b.Queue(`
+	return database.Statement{SQL: `
 		INSERT INTO outbox_jobs (principal_id, id, args, kind, max_attempts, metadata, queue)
 		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		principal, uuid.New(), raw, args.Kind(), w.MaxAttempts, meta, QueueProcessor)
-	return nil
+		Args: []any{principal, uuid.New(), raw, args.Kind(), w.MaxAttempts, meta, QueueProcessor}}, nil
 }
 
 // Metadata is a job's metadata carrying ctx's trace, as otelriver's insert
@@ -94,31 +94,30 @@ func Metadata(ctx context.Context) ([]byte, error) {
 	return json.Marshal(carrier)
 }
 
-// QueueEach adds to b one statement that writes a job of kind into queue
+// EnqueueEach is one statement that writes a job of kind into queue
 // (outbox_jobs, as Writer does) for every row of query: its two columns are
 // the job's principal (the row's principal_id, so that on Citus the
 // statement stays on that principal's shard) and args (jsonb), each row's
 // args distinct; its own parameters start at $5 ($1 to $4 are the job's
 // attempts, metadata, queue, and the statement's nonce), and args are
 // those parameters. One statement, so a fan-out to many jobs stays one step
-// of its batch. ctx's trace goes into the jobs' metadata (Metadata).
-func QueueEach(ctx context.Context, b *pgx.Batch, kind, queue string, maxAttempts int, query string, args ...any) error {
+// of a round trip. ctx's trace goes into the jobs' metadata (Metadata).
+func EnqueueEach(ctx context.Context, kind, queue string, maxAttempts int, query string, args ...any) (database.Statement, error) {
 	params, err := eachParams(ctx, kind, queue, maxAttempts, args)
 	if err != nil {
-		return err
+		return database.Statement{}, err
 	}
-	b.Queue(insertEachSQL(kind, query), params...)
-	return nil
+	return database.Statement{SQL: insertEachSQL(kind, query), Args: params}, nil
 }
 
-// InsertEach is QueueEach run at once on db: it returns how many jobs it
+// InsertEach is EnqueueEach run at once on db: it returns how many jobs it
 // inserted, for a request that answers with the count.
 func InsertEach(ctx context.Context, db database.DBTX, kind, queue string, maxAttempts int, query string, args ...any) (int64, error) {
-	params, err := eachParams(ctx, kind, queue, maxAttempts, args)
+	s, err := EnqueueEach(ctx, kind, queue, maxAttempts, query, args...)
 	if err != nil {
 		return 0, err
 	}
-	tag, err := db.Exec(ctx, insertEachSQL(kind, query), params...)
+	tag, err := db.Exec(ctx, s.SQL, s.Args...)
 	if err != nil {
 		return 0, err
 	}
@@ -276,34 +275,36 @@ func StartWhenReachable(ctx context.Context, client *Client, onErr func(error)) 
 // Effect is a worker's part of Perform: its own SQL and its one external
 // call. R is the row the job acts on (a payment, a refund).
 type Effect[R any] struct {
-	// Load queues the read of the row, in the job's tenant, into *row.
-	Load func(b *pgx.Batch, row *R)
+	// Load is the statement that reads the row, in the job's tenant, into
+	// *row.
+	Load func(row *R) database.Statement
 	// Pending reports whether the row still waits for its answer; once it
 	// is decided (an earlier run recorded the answer, or the reconciler
 	// did) there is nothing to do.
 	Pending func(row R) bool
 	// Call makes the external call for row, with the row's stable key, and
-	// returns how to record its answer: statements to queue, which commit
-	// with the job's completion. An error means the outcome is unknown and
-	// the job is retried. last says it is the last attempt.
-	Call func(ctx context.Context, row R, last bool) (record func(b *pgx.Batch) error, err error)
+	// returns the statements that record its answer, which commit with the
+	// job's completion. An error means the outcome is unknown and the job
+	// is retried. last says it is the last attempt.
+	Call func(ctx context.Context, row R, last bool) (record []database.Statement, err error)
 }
 
 // completeSQL marks a running job completed, as River's JobCompleteTx does,
-// as a statement that can travel in the batch recording the job's answer.
+// as a statement that can travel in the round trip recording the job's
+// answer.
 // River's own completion of the job, after Work returns, then finds it done.
 const completeSQL = `UPDATE river_job SET state = 'completed', finalized_at = now() WHERE id = $1 AND state = 'running'`
 
-// QueueComplete queues the completion of job, a running job, on b, the
-// batch that records its answer: they commit together. b fails when the job
-// is no longer running (a rescuer gave it to another worker).
-func QueueComplete(b *pgx.Batch, job *rivertype.JobRow) {
-	b.Queue(completeSQL, job.ID).Exec(func(tag pgconn.CommandTag) error {
+// Complete is the statement that completes job, a running job, to send with
+// the statements that record its answer: they commit together. It fails
+// when the job is no longer running (a rescuer gave it to another worker).
+func Complete(job *rivertype.JobRow) database.Statement {
+	return database.Statement{SQL: completeSQL, Args: []any{job.ID}, Done: func(tag pgconn.CommandTag) error {
 		if tag.RowsAffected() != 1 {
 			return fmt.Errorf("complete %s job %d: it is no longer running", job.Kind, job.ID)
 		}
 		return nil
-	})
+	}}
 }
 
 // Perform runs one attempt of a job that carries an external effect, the
@@ -314,15 +315,12 @@ func QueueComplete(b *pgx.Batch, job *rivertype.JobRow) {
 // call, with the same key, is answered from the processor's record; a crash
 // after it leaves nothing to do.
 //
-// The read and the record are one round trip each (database.InTenantBatch):
+// The read and the record are one round trip each (database.SendInTenant):
 // a worker mostly waits for the processor, so what it costs the machine is
 // its round trips, and a busy outbox shares the CPU with the requests.
 func Perform[A river.JobArgs, R any](ctx context.Context, pool *database.Pool, principal uuid.UUID, job *river.Job[A], e Effect[R]) error {
 	var row R
-	err := database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) error {
-		e.Load(b, &row)
-		return nil
-	})
+	err := database.SendInTenant(ctx, pool, principal, e.Load(&row))
 	if err != nil {
 		return fmt.Errorf("%s job %d: read its row: %w", job.Kind, job.ID, err)
 	}
@@ -333,13 +331,7 @@ func Perform[A river.JobArgs, R any](ctx context.Context, pool *database.Pool, p
 	if err != nil {
 		return err // River retries with backoff
 	}
-	err = database.InTenantBatch(ctx, pool, principal, func(b *pgx.Batch) error {
-		if err := record(b); err != nil {
-			return err
-		}
-		QueueComplete(b, job.JobRow)
-		return nil
-	})
+	err = database.SendInTenant(ctx, pool, principal, append(record, Complete(job.JobRow))...)
 	if err != nil {
 		return fmt.Errorf("%s job %d: record its answer: %w", job.Kind, job.ID, err)
 	}

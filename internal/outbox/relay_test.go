@@ -46,10 +46,9 @@ func newRelayBundle(t *testing.T, conns int) relayBundle {
 func (b relayBundle) write(t *testing.T, principal uuid.UUID, from, n int) {
 	t.Helper()
 	for i := from; i < from+n; i++ {
-		err := database.InTenantBatch(context.Background(), b.pool, principal, func(batch *pgx.Batch) error {
-			return Writer{MaxAttempts: 3}.Queue(context.Background(), batch, principal, testArgs{N: i})
-		})
+		job, err := Writer{MaxAttempts: 3}.Enqueue(context.Background(), principal, testArgs{N: i})
 		require.NoError(t, err)
+		require.NoError(t, database.SendInTenant(context.Background(), b.pool, principal, job))
 	}
 }
 

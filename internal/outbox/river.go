@@ -11,7 +11,7 @@ import (
 // This file and the SQL of this package are the only Go that reads or writes
 // River's table, river_job, by hand instead of through River's API: the
 // relay's copy of outbox_jobs (Relay), a job completed with its answer
-// (QueueComplete), the reconciler's question about a row's job (Live), and
+// (Complete), the reconciler's question about a row's job (Live), and
 // the gauges. Migrations 10 and 16 (the reconciler's candidates before
 // migration 23, the queues), migration 24's down (which hands waiting jobs
 // to River) and river_grants.sql name it too.

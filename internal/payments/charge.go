@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
@@ -37,18 +36,16 @@ type ChargeWorker struct {
 // Work runs one attempt.
 func (w *ChargeWorker) Work(ctx context.Context, job *river.Job[ChargeArgs]) error {
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Payment]{
-		Load:    func(b *pgx.Batch, p *Payment) { QueueGet(b, job.Args.Principal, job.Args.PaymentID, p) },
+		Load:    func(p *Payment) database.Statement { return Load(job.Args.Principal, job.Args.PaymentID, p) },
 		Pending: func(p Payment) bool { return p.Status == StatusProcessing },
-		Call: func(ctx context.Context, p Payment, last bool) (func(*pgx.Batch) error, error) {
+		Call: func(ctx context.Context, p Payment, last bool) ([]database.Statement, error) {
 			res, err := w.Processor.Charge(ctx, processor.Charge{Key: p.ProcessorKey, Amount: p.Amount, Currency: p.Currency, Reference: p.ID.String()})
 			status, reason := Decision(err, last)
 			if status == "" {
 				return nil, fmt.Errorf("charge payment %s: %w", p.ID, err)
 			}
-			return func(b *pgx.Batch) error {
-				_, err := QueueSettle(ctx, b, w.Announcer, SettleParams{Principal: job.Args.Principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
-				return err
-			}, nil
+			record, _, err := Settle(ctx, w.Announcer, SettleParams{Principal: job.Args.Principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
+			return record, err
 		},
 	})
 }

@@ -144,14 +144,14 @@ func (n NewPayment) Validate() error {
 // that name it.
 type Origin struct{ RequestID, IdempotencyKey string }
 
-// Announcer records, on a settle's batch, the event that says so and what
-// follows from it (webhook deliveries): events.Announcer. The settle marks
-// its row with the event's id, and the event is recorded if and only if the
-// settle changed the row. Payments and refunds hand their settles to it and
-// know nothing of events, so that a service without them passes nil
-// (docs/fork.md).
+// Announcer gives the statements that record a settle's event and what
+// follows from it (webhook deliveries), to send after the settle's own:
+// events.Announcer. The settle marks its row with the event's id, and the
+// event is recorded if and only if the settle changed the row. Payments and
+// refunds hand their settles to it and know nothing of events, so that a
+// service without them passes nil (docs/fork.md).
 type Announcer interface {
-	QueueSettled(ctx context.Context, b *pgx.Batch, s Settled) error
+	Announce(ctx context.Context, s Settled) ([]database.Statement, error)
 }
 
 // Settled is a settle to announce: Principal's row ID of Table (payments or
@@ -182,10 +182,10 @@ type CreateParams struct {
 	ProcessorKey string
 }
 
-// Create records a validated payment, and the job that will charge it, by
-// queueing both on b, a batch of the request's transaction: they commit
-// with it or neither does.
-func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, c CreateParams) (Payment, error) {
+// Create returns a validated payment and the statements that record it with
+// the job that will charge it, to send in the request's transaction: they
+// commit with it or neither does.
+func Create(ctx context.Context, jobs outbox.Enqueuer, c CreateParams) (Payment, []database.Statement, error) {
 	n, principal, req := c.New, c.Principal, c.Origin
 	p := Payment{
 		Livemode:     c.Live,
@@ -201,14 +201,15 @@ func Create(ctx context.Context, b *pgx.Batch, jobs outbox.Queuer, c CreateParam
 	if p.Metadata == nil {
 		p.Metadata = map[string]string{}
 	}
-	b.Queue(`
+	insert := database.Statement{SQL: `
 		INSERT INTO payments (id, principal_id, amount, currency, status, description, metadata, livemode, created_at, request_id, idempotency_key, processor_key)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.RequestID, req.IdempotencyKey, p.ProcessorKey)
-	if err := jobs.Queue(ctx, b, principal, ChargeArgs{PaymentID: p.ID, Principal: principal}); err != nil {
-		return Payment{}, fmt.Errorf("enqueue charge: %w", err)
+		Args: []any{p.ID, principal, p.Amount, p.Currency, p.Status, p.Description, p.Metadata, p.Livemode, p.CreatedAt, req.RequestID, req.IdempotencyKey, p.ProcessorKey}}
+	charge, err := jobs.Enqueue(ctx, principal, ChargeArgs{PaymentID: p.ID, Principal: principal})
+	if err != nil {
+		return Payment{}, nil, fmt.Errorf("enqueue charge: %w", err)
 	}
-	return p, nil
+	return p, []database.Statement{insert, charge}, nil
 }
 
 // Get returns principal's payment with id. Row-level security hides other
@@ -238,13 +239,13 @@ func get(ctx context.Context, db database.DBTX, principal, id uuid.UUID, lock st
 	return scanOne(db.QueryRow(ctx, getSQL+lock, principal, id))
 }
 
-// QueueGet is Get queued on b: *p is the payment once b has run, and b
+// Load is Get as a statement: *p is the payment once it has run, and it
 // fails with ErrNotFound when there is none.
-func QueueGet(b *pgx.Batch, principal, id uuid.UUID, p *Payment) {
-	b.Queue(getSQL, principal, id).QueryRow(func(row pgx.Row) (err error) {
+func Load(principal, id uuid.UUID, p *Payment) database.Statement {
+	return database.Statement{SQL: getSQL, Args: []any{principal, id}, Row: func(row pgx.Row) (err error) {
 		*p, err = scanOne(row)
 		return err
-	})
+	}}
 }
 
 func scanOne(row pgx.Row) (Payment, error) {
@@ -302,30 +303,31 @@ type SettleParams struct {
 	ProcessorID string
 }
 
-// QueueSettle adds to b the statements that record s: the payment's decided
-// status, and what announcer queues for it (its event; nil: none). Once b has
+// Settle returns the statements that record s: the payment's decided
+// status, then announcer's for it (its event; nil: none). Once they have
 // run, *changed says whether they changed the row: false when the payment
 // was already decided, by an earlier run of its job or by the reconciler,
-// whose answer (and event) stands. The outbox worker sends b with its job's
-// completion, the reconciler on its own: one round trip either way.
-func QueueSettle(ctx context.Context, b *pgx.Batch, announcer Announcer, s SettleParams) (changed *bool, err error) {
+// whose answer (and event) stands. The outbox worker sends them with its
+// job's completion, the reconciler on their own: one round trip either way.
+func Settle(ctx context.Context, announcer Announcer, s SettleParams) (stmts []database.Statement, changed *bool, err error) {
 	p := s.Payment
 	p.Status, p.FailureReason = s.Status, s.Reason
 	processorID := database.StorableText(s.ProcessorID, MaxProcessorTextLength)
 	changed = new(bool)
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, s.Principal, p.ID, s.Status, s.Reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
+	stmts = []database.Statement{{SQL: settleSQL, Args: []any{s.Principal, p.ID, s.Status, s.Reason, processorID, eventID}, Done: func(tag pgconn.CommandTag) error {
 		*changed = tag.RowsAffected() == 1
 		return nil
-	})
+	}}}
 	if announcer == nil {
-		return changed, nil
+		return stmts, changed, nil
 	}
-	return changed, announcer.QueueSettled(ctx, b, Settled{Table: "payments", Principal: s.Principal, ID: p.ID, EventID: eventID, Type: "payment." + s.Status, Object: p})
+	announced, err := announcer.Announce(ctx, Settled{Table: "payments", Principal: s.Principal, ID: p.ID, EventID: eventID, Type: "payment." + s.Status, Object: p})
+	return append(stmts, announced...), changed, err
 }
 
 // settleSQL moves the payment to its decided status, marking it with the id
-// of the event that will say so (the Announcer's, next in the batch): the
+// of the event that will say so (the Announcer's, sent next): the
 // event exists if and only if this statement changed the row.
 const settleSQL = `
 	UPDATE payments SET status = $3, failure_reason = $4, processor_id = NULLIF($5, ''), settle_event_id = $6
@@ -336,13 +338,14 @@ const settleSQL = `
 // zero.
 const addRefundedSQL = `UPDATE payments SET amount_refunded = amount_refunded + $3 WHERE principal_id = $1 AND id = $2`
 
-// QueueAddRefunded records, on b, amount more as refunded on principal's
-// payment id. b fails with ErrNotFound when there is no such payment.
-func QueueAddRefunded(b *pgx.Batch, principal, id uuid.UUID, amount int64) {
-	b.Queue(addRefundedSQL, principal, id, amount).Exec(func(tag pgconn.CommandTag) error {
+// AddRefunded is the statement that records amount more as refunded on
+// principal's payment id. It fails with ErrNotFound when there is no such
+// payment.
+func AddRefunded(principal, id uuid.UUID, amount int64) database.Statement {
+	return database.Statement{SQL: addRefundedSQL, Args: []any{principal, id, amount}, Done: func(tag pgconn.CommandTag) error {
 		if tag.RowsAffected() != 1 {
 			return ErrNotFound
 		}
 		return nil
-	})
+	}}
 }

@@ -230,17 +230,17 @@ func (r *Reconciler) settle(ctx context.Context, c candidate) (string, error) {
 	}
 	// The same words for payments and refunds.
 	status, reason := payments.Decision(lookupErr, true)
-	// One batch, one round trip: a settle whose connection was lost is
-	// decided again by the next run (its UPDATE moves undecided rows only).
-	err = database.InTenantBatch(ctx, r.Pool, c.principal, func(b *pgx.Batch) error {
-		var err error
-		if c.kind == "payment" {
-			_, err = payments.QueueSettle(ctx, b, r.Announcer, payments.SettleParams{Principal: c.principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
-		} else {
-			_, err = refunds.QueueSettle(ctx, b, r.Announcer, refunds.SettleParams{Principal: c.principal, Refund: rf, Status: status, Reason: reason, ProcessorID: res.ID})
-		}
-		return err
-	})
+	var settle []database.Statement
+	if c.kind == "payment" {
+		settle, _, err = payments.Settle(ctx, r.Announcer, payments.SettleParams{Principal: c.principal, Payment: p, Status: status, Reason: reason, ProcessorID: res.ID})
+	} else {
+		settle, _, err = refunds.Settle(ctx, r.Announcer, refunds.SettleParams{Principal: c.principal, Refund: rf, Status: status, Reason: reason, ProcessorID: res.ID})
+	}
+	// One round trip: a settle whose connection was lost is decided again
+	// by the next run (its UPDATE moves undecided rows only).
+	if err == nil {
+		err = database.SendInTenant(ctx, r.Pool, c.principal, settle...)
+	}
 	if err != nil {
 		return "", fmt.Errorf("reconcile %s %s: %w", c.kind, c.id, err)
 	}

@@ -127,32 +127,32 @@ func (n NewRefund) Validate() error {
 	return c.Err()
 }
 
-// Request records a refund of the payment paymentID, with the job that will
-// send it to the processor: it reads and locks the payment in tx, then queues
-// its writes on b, a batch of tx (now is tx's now()). It locks the payment first: refunds of one
-// payment run one after another, and each sees what the previous ones, pending
-// included, took. It returns *ExceedsError when the amount (by default, all
+// Request makes a refund of the payment paymentID, with the job that will
+// send it to the processor: it reads and locks the payment in tx, and
+// returns the refund and the statements that record it, to send in tx. It
+// locks the payment first: refunds of one payment run one after another,
+// and each sees what the previous ones, pending included, took. It returns *ExceedsError when the amount (by default, all
 // that remains) is more than remains, ErrPaymentFailed or ErrPaymentProcessing
 // for a payment that cannot be refunded (now), and payments.ErrNotFound.
 // c.Origin is the request that makes the refund, named by its events.
-func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, c RequestParams) (Refund, error) {
+func Request(ctx context.Context, tx pgx.Tx, jobs outbox.Enqueuer, c RequestParams) (Refund, []database.Statement, error) {
 	principal, req, paymentID, n, now := c.Principal, c.Origin, c.PaymentID, c.New, c.Now
 	p, err := payments.GetForUpdate(ctx, tx, principal, paymentID)
 	if err != nil {
-		return Refund{}, err
+		return Refund{}, nil, err
 	}
 	switch p.Status {
 	case payments.StatusProcessing, payments.StatusRequiresReconciliation:
-		return Refund{}, ErrPaymentProcessing
+		return Refund{}, nil, ErrPaymentProcessing
 	case payments.StatusFailed:
-		return Refund{}, ErrPaymentFailed
+		return Refund{}, nil, ErrPaymentFailed
 	}
 	amount := p.Refundable()
 	if n.Amount != nil {
 		amount = *n.Amount
 	}
 	if amount > p.Refundable() || amount <= 0 {
-		return Refund{}, &ExceedsError{Requested: amount, Remaining: p.Refundable()}
+		return Refund{}, nil, &ExceedsError{Requested: amount, Remaining: p.Refundable()}
 	}
 	r := Refund{
 		ID:        uuid.Must(uuid.NewV7()),
@@ -171,15 +171,15 @@ func Request(ctx context.Context, tx pgx.Tx, b *pgx.Batch, jobs outbox.Queuer, c
 	}
 	// Checked under the payment's lock, the writes need nothing more from
 	// the database: they travel in one round trip, with the response.
-	b.Queue(`
+	insert := database.Statement{SQL: `
 		INSERT INTO refunds (id, principal_id, payment_id, amount, currency, reason, status, livemode, created_at, request_id, idempotency_key, processor_key, charge_key, charge_id)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
-		r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.RequestID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey, r.ChargeID)
-	payments.QueueAddRefunded(b, principal, p.ID, r.Amount)
-	if err := jobs.Queue(ctx, b, principal, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal}); err != nil {
-		return Refund{}, fmt.Errorf("enqueue refund: %w", err)
+		Args: []any{r.ID, principal, r.PaymentID, r.Amount, r.Currency, r.Reason, r.Status, r.Livemode, r.CreatedAt, req.RequestID, req.IdempotencyKey, r.ProcessorKey, r.ChargeKey, r.ChargeID}}
+	job, err := jobs.Enqueue(ctx, principal, Args{RefundID: r.ID, PaymentID: p.ID, Principal: principal})
+	if err != nil {
+		return Refund{}, nil, fmt.Errorf("enqueue refund: %w", err)
 	}
-	return r, nil
+	return r, []database.Statement{insert, payments.AddRefunded(principal, p.ID, r.Amount), job}, nil
 }
 
 // SettleParams is a processor's answer for one refund not yet decided.
@@ -193,32 +193,35 @@ type SettleParams struct {
 	ProcessorID string
 }
 
-// QueueSettle adds to b the statements that record s: the refund's decided
-// status, and what announcer queues for it (its event; nil: none). A refund
+// Settle returns the statements that record s: the refund's decided
+// status, then announcer's for it (its event; nil: none). A refund
 // that failed gives its amount back to the payment, once: only the
 // statement that moves it to failed does. A refund waiting for
 // reconciliation keeps its amount counted, since the money may have moved.
-// Once b has run, *changed says whether the row changed.
-func QueueSettle(ctx context.Context, b *pgx.Batch, announcer payments.Announcer, s SettleParams) (changed *bool, err error) {
+// Once they have run, *changed says whether the row changed.
+func Settle(ctx context.Context, announcer payments.Announcer, s SettleParams) (stmts []database.Statement, changed *bool, err error) {
 	r := s.Refund
 	r.Status, r.FailureReason = s.Status, s.Reason
 	processorID := database.StorableText(s.ProcessorID, payments.MaxProcessorTextLength)
 	changed = new(bool)
 	eventID := uuid.Must(uuid.NewV7())
-	b.Queue(settleSQL, s.Principal, r.ID, s.Status, s.Reason, processorID, eventID).Exec(func(tag pgconn.CommandTag) error {
-		*changed = tag.RowsAffected() == 1
-		return nil
-	})
-	b.Queue(givenBackSQL, s.Principal, r.ID, eventID)
-	if announcer == nil {
-		return changed, nil
+	stmts = []database.Statement{
+		{SQL: settleSQL, Args: []any{s.Principal, r.ID, s.Status, s.Reason, processorID, eventID}, Done: func(tag pgconn.CommandTag) error {
+			*changed = tag.RowsAffected() == 1
+			return nil
+		}},
+		{SQL: givenBackSQL, Args: []any{s.Principal, r.ID, eventID}},
 	}
-	return changed, announcer.QueueSettled(ctx, b, payments.Settled{Table: "refunds", Principal: s.Principal, ID: r.ID, EventID: eventID, Type: "refund." + s.Status, Object: r})
+	if announcer == nil {
+		return stmts, changed, nil
+	}
+	announced, err := announcer.Announce(ctx, payments.Settled{Table: "refunds", Principal: s.Principal, ID: r.ID, EventID: eventID, Type: "refund." + s.Status, Object: r})
+	return append(stmts, announced...), changed, err
 }
 
 // settleSQL moves the refund, marking it with the id of the event that will
-// say so; givenBackSQL and the Announcer's event, next in the same batch (one
-// transaction), act only on a refund carrying that id, so none of the three
+// say so; givenBackSQL and the Announcer's event, sent next in the same
+// transaction, act only on a refund carrying that id, so none of the three
 // happens without the others. Each names the principal, $1, so that all
 // three stay on its shard.
 const settleSQL = `
@@ -233,16 +236,16 @@ const givenBackSQL = `
 	WHERE p.principal_id = $1 AND r.principal_id = $1 AND r.id = $2 AND r.settle_event_id = $3
 	  AND r.status = 'failed' AND p.id = r.payment_id`
 
-// QueueGet is Get queued on b: *r is the refund once b has run, and b fails
-// with ErrNotFound when there is none.
-func QueueGet(b *pgx.Batch, principal, id uuid.UUID, r *Refund) {
-	b.Queue(getSQL, principal, id).QueryRow(func(row pgx.Row) (err error) {
+// Load is Get as a statement: *r is the refund once it has run, and it
+// fails with ErrNotFound when there is none.
+func Load(principal, id uuid.UUID, r *Refund) database.Statement {
+	return database.Statement{SQL: getSQL, Args: []any{principal, id}, Row: func(row pgx.Row) (err error) {
 		*r, err = scan(row)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}
 		return err
-	})
+	}}
 }
 
 const columns = `id, payment_id, amount, currency, reason, status, failure_reason, livemode, created_at, processor_key, charge_key, charge_id`

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
@@ -40,9 +39,9 @@ type Worker struct {
 // Work runs one attempt.
 func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 	return outbox.Perform(ctx, w.Pool, job.Args.Principal, job, outbox.Effect[Refund]{
-		Load:    func(b *pgx.Batch, r *Refund) { QueueGet(b, job.Args.Principal, job.Args.RefundID, r) },
+		Load:    func(r *Refund) database.Statement { return Load(job.Args.Principal, job.Args.RefundID, r) },
 		Pending: func(r Refund) bool { return r.Status == StatusPending },
-		Call: func(ctx context.Context, r Refund, last bool) (func(*pgx.Batch) error, error) {
+		Call: func(ctx context.Context, r Refund, last bool) ([]database.Statement, error) {
 			res, err := w.Processor.Refund(ctx, processor.Refund{Key: r.ProcessorKey, ChargeKey: r.ChargeKey, ChargeID: r.ChargeID, Amount: r.Amount, Currency: r.Currency, Reference: r.ID.String()})
 			// The decided statuses are the same words for refunds and
 			// payments (succeeded, failed, requires_reconciliation).
@@ -50,10 +49,8 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 			if status == "" {
 				return nil, fmt.Errorf("refund %s: %w", r.ID, err)
 			}
-			return func(b *pgx.Batch) error {
-				_, err := QueueSettle(ctx, b, w.Announcer, SettleParams{Principal: job.Args.Principal, Refund: r, Status: status, Reason: reason, ProcessorID: res.ID})
-				return err
-			}, nil
+			record, _, err := Settle(ctx, w.Announcer, SettleParams{Principal: job.Args.Principal, Refund: r, Status: status, Reason: reason, ProcessorID: res.ID})
+			return record, err
 		},
 	})
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"go.opentelemetry.io/otel/attribute"
@@ -52,14 +51,15 @@ type Fanout struct {
 	Schedule []time.Duration
 }
 
-// Queue implements events.Fanout.
-func (f Fanout) Queue(ctx context.Context, b *pgx.Batch, principal, eventID uuid.UUID) error {
+// FanOut implements events.Fanout.
+func (f Fanout) FanOut(ctx context.Context, principal, eventID uuid.UUID) ([]database.Statement, error) {
 	// No event (the change was already made): no row joins, no job.
-	return outbox.QueueEach(ctx, b, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
+	jobs, err := outbox.EnqueueEach(ctx, deliveryKind, outbox.QueueWebhooks, len(f.Schedule), `
 		SELECT e.principal_id, jsonb_build_object('event_id', e.id, 'endpoint_id', w.id, 'principal_id', e.principal_id)
 		FROM events e JOIN webhook_endpoints w ON w.principal_id = e.principal_id AND w.status = 'enabled'
 		WHERE e.principal_id = $5 AND w.principal_id = $5 AND e.id = $6
 		  AND ('*' = ANY (w.enabled_events) OR e.type = ANY (w.enabled_events))`, principal, eventID)
+	return []database.Statement{jobs}, err
 }
 
 // Outcomes of an attempt, as recorded in webhook_deliveries_total.
@@ -122,14 +122,11 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	var ev events.Event
 	var ep Endpoint
 	var found, leased bool
-	err := database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
-		events.QueueGet(b, a.Principal, a.EventID, &ev)
-		queueGetForDelivery(b, a.Principal, a.EndpointID, &ep, &found)
-		if d.Concurrency > 0 {
-			queueLease(b, a.Principal, a.EndpointID, job.ID, d.lease(), d.Concurrency, &leased)
-		}
-		return nil
-	})
+	read := []database.Statement{events.Load(a.Principal, a.EventID, &ev), loadForDelivery(a.Principal, a.EndpointID, &ep, &found)}
+	if d.Concurrency > 0 {
+		read = append(read, takeLease(a.Principal, a.EndpointID, job.ID, d.lease(), d.Concurrency, &leased)...)
+	}
+	err := database.SendInTenant(ctx, d.Pool, a.Principal, read...)
 	if errors.Is(err, events.ErrNotFound) {
 		return nil // swept after its retention: nothing left to send
 	}
@@ -201,27 +198,26 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	if d.Attempts != nil {
 		d.Attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", outcome)))
 	}
-	err = database.InTenantBatch(ctx, d.Pool, a.Principal, func(b *pgx.Batch) error {
-		queueRecord(b, a.Principal, rec)
-		if d.Concurrency > 0 {
-			b.Queue(releaseSQL, a.Principal, ep.ID, job.ID)
+	record := []database.Statement{recordAttempt(a.Principal, rec)}
+	if d.Concurrency > 0 {
+		record = append(record, database.Statement{SQL: releaseSQL, Args: []any{a.Principal, ep.ID, job.ID}})
+	}
+	switch outcome {
+	case OutcomeDelivered:
+		record = append(record, database.Statement{SQL: deliveredSQL, Args: []any{a.Principal, ep.ID}})
+	case OutcomeGone:
+		record = append(record, database.Statement{SQL: disableSQL, Args: []any{a.Principal, ep.ID}})
+	case OutcomeFailed:
+		failed, err := d.failed(ctx, a.Principal, ep)
+		if err != nil {
+			return fmt.Errorf("webhook delivery %d: record attempt %d: %w", job.ID, job.Attempt, err)
 		}
-		switch outcome {
-		case OutcomeDelivered:
-			b.Queue(deliveredSQL, a.Principal, ep.ID)
-		case OutcomeGone:
-			b.Queue(disableSQL, a.Principal, ep.ID)
-		case OutcomeFailed:
-			if err := d.queueFailed(ctx, b, a.Principal, ep); err != nil {
-				return err
-			}
-		}
-		if outcome != OutcomeFailed {
-			outbox.QueueComplete(b, job.JobRow)
-		}
-		return nil
-	})
-	if err != nil {
+		record = append(record, failed...)
+	}
+	if outcome != OutcomeFailed {
+		record = append(record, outbox.Complete(job.JobRow))
+	}
+	if err := database.SendInTenant(ctx, d.Pool, a.Principal, record...); err != nil {
 		return fmt.Errorf("webhook delivery %d: record attempt %d: %w", job.ID, job.Attempt, err)
 	}
 	if outcome == OutcomeFailed {
@@ -233,50 +229,53 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliveryArgs]) erro
 	return nil
 }
 
-// queueFailed adds to b what a failed attempt changes on its endpoint: the
+// failed is the statements of what a failed attempt changes on its endpoint: the
 // run of failures starts now if none had, and an endpoint that has failed
 // for DisableAfter is disabled, with a webhook_endpoint.disabled event for
 // its owner (sent to their other endpoints that take it, and listable).
 // The event is recorded if and only if this attempt disabled the endpoint:
 // its INSERT ... SELECT reads the endpoint only where the UPDATE marked it
 // with the event's id, as a settle's event (events.Announcer).
-func (d *Deliverer) queueFailed(ctx context.Context, b *pgx.Batch, principal uuid.UUID, ep Endpoint) error {
-	b.Queue(`UPDATE webhook_endpoints SET failing_since = now()
-		WHERE principal_id = $1 AND id = $2 AND status = 'enabled' AND failing_since IS NULL`, principal, ep.ID)
+func (d *Deliverer) failed(ctx context.Context, principal uuid.UUID, ep Endpoint) ([]database.Statement, error) {
+	stmts := []database.Statement{{SQL: `UPDATE webhook_endpoints SET failing_since = now()
+		WHERE principal_id = $1 AND id = $2 AND status = 'enabled' AND failing_since IS NULL`, Args: []any{principal, ep.ID}}}
 	if d.DisableAfter <= 0 {
-		return nil
+		return stmts, nil
 	}
 	eventID := uuid.Must(uuid.NewV7())
 	disabled := ep
 	disabled.Status, disabled.DisabledReason = StatusDisabled, new(ReasonFailing)
 	data, err := events.Data(disabled)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	b.Queue(`UPDATE webhook_endpoints SET status = 'disabled', disabled_reason = 'failing', disable_event_id = $3
+	stmts = append(stmts,
+		database.Statement{SQL: `UPDATE webhook_endpoints SET status = 'disabled', disabled_reason = 'failing', disable_event_id = $3
 		WHERE principal_id = $1 AND id = $2 AND status = 'enabled' AND failing_since <= now() - $4::interval`,
-		principal, ep.ID, eventID, d.DisableAfter)
-	b.Queue(`INSERT INTO events (id, principal_id, type, data, livemode)
-		SELECT $3, principal_id, '`+EventDisabled+`', $4, $5
+			Args: []any{principal, ep.ID, eventID, d.DisableAfter}},
+		database.Statement{SQL: `INSERT INTO events (id, principal_id, type, data, livemode)
+		SELECT $3, principal_id, '` + EventDisabled + `', $4, $5
 		FROM webhook_endpoints WHERE principal_id = $1 AND id = $2 AND disable_event_id = $3`,
-		principal, ep.ID, eventID, data, d.Livemode)
-	return Fanout{Schedule: d.Schedule}.Queue(ctx, b, principal, eventID)
+			Args: []any{principal, ep.ID, eventID, data, d.Livemode}})
+	jobs, err := Fanout{Schedule: d.Schedule}.FanOut(ctx, principal, eventID)
+	return append(stmts, jobs...), err
 }
 
 // deliveredSQL ends an endpoint's run of failures.
 const deliveredSQL = `UPDATE webhook_endpoints SET failing_since = NULL
 	WHERE principal_id = $1 AND id = $2 AND failing_since IS NOT NULL`
 
-// queueLease adds to b the statements that take a lease for job on
+// takeLease is the statements that take a lease for job on
 // principal's endpoint, if it is enabled and fewer than limit attempts hold
 // one: *leased says whether it was taken. The endpoint's advisory lock,
 // held to the end of the transaction, orders concurrent takers, so that two
 // cannot both take the last one; leases whose worker died are dropped
 // first. A job's second take (its retry) renews its own lease.
-func queueLease(b *pgx.Batch, principal, endpoint uuid.UUID, job int64, lease time.Duration, limit int, leased *bool) {
-	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended('webhook_endpoint_leases:' || $1::text, 0))`, endpoint)
-	b.Queue(`DELETE FROM webhook_endpoint_leases WHERE principal_id = $1 AND endpoint_id = $2 AND expires_at < now()`, principal, endpoint)
-	b.Queue(`
+func takeLease(principal, endpoint uuid.UUID, job int64, lease time.Duration, limit int, leased *bool) []database.Statement {
+	return []database.Statement{
+		{SQL: `SELECT pg_advisory_xact_lock(hashtextextended('webhook_endpoint_leases:' || $1::text, 0))`, Args: []any{endpoint}},
+		{SQL: `DELETE FROM webhook_endpoint_leases WHERE principal_id = $1 AND endpoint_id = $2 AND expires_at < now()`, Args: []any{principal, endpoint}},
+		{SQL: `
 		INSERT INTO webhook_endpoint_leases (principal_id, endpoint_id, job_id, expires_at)
 		SELECT w.principal_id, w.id, $3, now() + $4::interval
 		FROM webhook_endpoints w
@@ -284,10 +283,11 @@ func queueLease(b *pgx.Batch, principal, endpoint uuid.UUID, job int64, lease ti
 		  AND (SELECT count(*) FROM webhook_endpoint_leases l
 		       WHERE l.principal_id = $1 AND l.endpoint_id = $2 AND l.job_id <> $3) < $5
 		ON CONFLICT (principal_id, endpoint_id, job_id) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
-		principal, endpoint, job, lease, limit).Exec(func(tag pgconn.CommandTag) error {
-		*leased = tag.RowsAffected() == 1
-		return nil
-	})
+			Args: []any{principal, endpoint, job, lease, limit}, Done: func(tag pgconn.CommandTag) error {
+				*leased = tag.RowsAffected() == 1
+				return nil
+			}},
+	}
 }
 
 // releaseSQL ends an attempt's lease.

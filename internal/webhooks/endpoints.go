@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payments-reference/idempotent-payments/internal/database"
 	"github.com/payments-reference/idempotent-payments/internal/events"
@@ -394,10 +393,10 @@ func enabled(ctx context.Context, tx pgx.Tx, principal, id uuid.UUID) error {
 // disableSQL stops deliveries to an endpoint whose receiver answered 410.
 const disableSQL = `UPDATE webhook_endpoints SET status = 'disabled', disabled_reason = 'receiver_gone' WHERE principal_id = $1 AND id = $2 AND status = 'enabled'`
 
-// queueGetForDelivery reads endpoint id for a delivery into *e; *found says
-// whether it exists.
-func queueGetForDelivery(b *pgx.Batch, principal, id uuid.UUID, e *Endpoint, found *bool) {
-	b.Queue(getSQL, principal, id).QueryRow(func(row pgx.Row) error {
+// loadForDelivery is the statement that reads endpoint id for a delivery
+// into *e; *found says whether it exists.
+func loadForDelivery(principal, id uuid.UUID, e *Endpoint, found *bool) database.Statement {
+	return database.Statement{SQL: getSQL, Args: []any{principal, id}, Row: func(row pgx.Row) error {
 		var err error
 		*e, err = scan(row)
 		*found = err == nil
@@ -405,7 +404,7 @@ func queueGetForDelivery(b *pgx.Batch, principal, id uuid.UUID, e *Endpoint, fou
 			return nil
 		}
 		return err
-	})
+	}}
 }
 
 // Delivery is one attempt to deliver an event to an endpoint.
@@ -423,12 +422,12 @@ type Delivery struct {
 	CreatedAt  time.Time `json:"created_at"`
 }
 
-// queueRecord records an attempt on b.
-func queueRecord(b *pgx.Batch, principal uuid.UUID, d Delivery) {
-	b.Queue(`
+// recordAttempt is the statement that records an attempt.
+func recordAttempt(principal uuid.UUID, d Delivery) database.Statement {
+	return database.Statement{SQL: `
 		INSERT INTO webhook_deliveries (id, principal_id, endpoint_id, event_id, attempt, status_code, error, duration_ms)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		d.ID, principal, d.EndpointID, d.EventID, d.Attempt, d.StatusCode, d.Error, d.DurationMS).Exec(func(pgconn.CommandTag) error { return nil })
+		Args: []any{d.ID, principal, d.EndpointID, d.EventID, d.Attempt, d.StatusCode, d.Error, d.DurationMS}}
 }
 
 // DeliveriesLimit is the most attempts one list response holds.

@@ -182,10 +182,9 @@ func (l *Lab) newCaller(ctx context.Context) (caller, error) {
 }
 
 // authenticate is idempotency.Request.Authenticate for c.
-func (c caller) authenticate(b *pgx.Batch) *uuid.UUID {
+func (c caller) authenticate() (database.Statement, *uuid.UUID) {
 	var p auth.Principal
-	c.creds.Queue(b, auth.ScopePaymentsWrite, &p)
-	return &p.ID
+	return c.creds.Authentication(auth.ScopePaymentsWrite, &p), &p.ID
 }
 
 // pay is this service's payment under a key: the real executor and the real
@@ -201,11 +200,11 @@ func (l *Lab) pay(ctx context.Context, e *idempotency.Executor, principal caller
 	in := payments.NewPayment{Amount: &amount, Currency: "usd", Metadata: map[string]string{"intent": key}}
 	return e.Do(ctx, req, idempotency.Operation{
 		Execute: func(ctx context.Context, w idempotency.Work) (idempotency.Outcome, error) {
-			p, err := payments.Create(ctx, w.Batch, l.jobs, payments.CreateParams{Principal: w.Principal, New: in, Now: w.Now, ProcessorKey: w.Intent})
+			p, writes, err := payments.Create(ctx, l.jobs, payments.CreateParams{Principal: w.Principal, New: in, Now: w.Now, ProcessorKey: w.Intent})
 			if err != nil {
 				return idempotency.Outcome{}, err
 			}
-			return idempotency.Outcome{Response: idempotency.Response{Status: 201, ContentType: "application/json", Body: []byte(p.ID.String())}}, nil
+			return idempotency.Outcome{Response: idempotency.Response{Status: 201, ContentType: "application/json", Body: []byte(p.ID.String())}, Writes: writes}, nil
 		},
 	})
 }

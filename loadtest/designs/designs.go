@@ -73,20 +73,18 @@ func (s noStore) Do(ctx context.Context, req idempotency.Request, op idempotency
 		// The service's round trips less the key's: authenticate (and
 		// read now(), which the claim would have returned), then the
 		// payment's writes, without the response.
-		b := &pgx.Batch{}
-		principal := req.Authenticate(b)
+		authenticate, principal := req.Authenticate()
 		var now time.Time
-		b.Queue(`SELECT now()`).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		clock := database.Statement{SQL: `SELECT now()`, Row: func(row pgx.Row) error { return row.Scan(&now) }}
+		if err := database.Send(ctx, tx, authenticate, clock); err != nil {
 			return err
 		}
-		b = &pgx.Batch{}
-		out, err := op.Execute(ctx, idempotency.Work{Tx: tx, Batch: b, Now: now, Principal: *principal})
+		out, err := op.Execute(ctx, idempotency.Work{Tx: tx, Now: now, Principal: *principal})
 		if err != nil {
 			return err
 		}
 		res.Response, res.OriginalRequestID = out.Response, req.RequestID
-		return tx.SendBatch(ctx, b).Close()
+		return database.Send(ctx, tx, out.Writes...)
 	})
 	return res, err
 }
@@ -142,9 +140,8 @@ func (s redisStore) authenticate(ctx context.Context, req idempotency.Request) (
 		return uuid.UUID{}, err
 	}
 	defer conn.Release()
-	b := &pgx.Batch{}
-	principal := req.Authenticate(b)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	authenticate, principal := req.Authenticate()
+	if err := database.Send(ctx, conn, authenticate); err != nil {
 		return uuid.UUID{}, database.Classify(err)
 	}
 	return *principal, nil
