@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -214,8 +215,9 @@ func TestPaymentsOnCitus(t *testing.T) {
 	appPool, err := database.Open(ctx, url("payments_app"), database.PoolConfig{MaxConns: 2, AcquireTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	defer appPool.Close()
-	rec := &reconcile.Reconciler{Pool: appPool, Processor: processor.NewClient(sim.URL, &http.Client{Timeout: 5 * time.Second}), Batch: 10,
-		Announcer: app.Announcer(config.Defaults())}
+	cfg := config.Defaults()
+	cfg.ReconcileGrace = 0 // the payment is seconds old
+	rec := app.NewReconciler(cfg, appPool, processor.NewClient(sim.URL, &http.Client{Timeout: 5 * time.Second}), slog.New(slog.DiscardHandler))
 	res, err := rec.Run(ctx)
 	require.NoError(t, err)
 	require.Equal(t, reconcile.Result{Examined: 1, Failed: 1}, res)

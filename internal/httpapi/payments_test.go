@@ -421,10 +421,15 @@ func TestListPaymentsWithACursor(t *testing.T) {
 	require.Equal(t, http.StatusCreated, b.post(t, "/v1/payments", other.Secret, "list-0", paymentBody).Status)
 	b.listed(t, "/v1/payments?limit=100", k.Secret, len(made))
 
+	// A client follows the cursor, and at the end of the list polls again
+	// from its last cursor: the list ends where the list horizon is, which
+	// a transaction of another database that has just ended can hold back
+	// for a statement (migration 17), so the end can come before the
+	// newest payments and move on a moment later.
 	var seen []string
 	cursor := ""
 	for pages := 0; ; pages++ {
-		require.Less(t, pages, 5, "the pages never ended")
+		require.Less(t, pages, 50, "the pages never ended")
 		path := "/v1/payments?limit=2"
 		if cursor != "" {
 			path += "&starting_after=" + cursor
@@ -437,10 +442,15 @@ func TestListPaymentsWithACursor(t *testing.T) {
 		for _, p := range data {
 			seen = append(seen, p.(map[string]any)["id"].(string))
 		}
-		if page["has_more"] != true {
-			break
+		if len(seen) > 0 {
+			cursor = seen[len(seen)-1]
 		}
-		cursor = seen[len(seen)-1]
+		if page["has_more"] != true {
+			if len(seen) >= len(made) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 	require.Equal(t, made, seen, "every payment once, oldest first, only the caller's")
 
