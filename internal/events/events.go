@@ -2,12 +2,12 @@
 // a payment or a refund, with a snapshot of the object as it became, read by
 // GET /v1/events and pushed to webhook endpoints (package webhooks).
 //
-// An event is written in the batch of the statement that makes the change it
-// describes (payments.settleSQL, refunds.settleSQL), which hands it to
-// Announcer, and only where that statement changed the row: a change that
-// commits has its event, one that rolls back has none, and a change made
-// twice (a rescued job, the reconciler after a worker) is made, and
-// recorded, once. Payments and refunds know no more of events than their
+// An event is written in the transaction and round trip of the statement
+// that makes the change it describes (payments.settleSQL, refunds.settleSQL),
+// whose settle hands it to Announcer, and only where that statement changed
+// the row: a change that commits has its event, one that rolls back has
+// none, and a change made twice (a rescued job, the reconciler after a
+// worker) is made, and recorded, once. Payments and refunds know no more of events than their
 // Announcer interface, so that a service can do without them (docs/fork.md).
 package events
 
