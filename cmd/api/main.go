@@ -5,7 +5,7 @@
 //	api keys create --principal NAME --scopes S  create an API key; prints one JSON line
 //	api keys list [--principal NAME]             list API keys, one JSON line each (never a secret)
 //	api keys revoke ID                           revoke an API key
-//	api sweep                                    delete expired keys and events once; prints one JSON line
+//	api sweep                                    delete what is past its retention once (app.SweepOnce); prints one JSON line
 //	api reconcile                                settle undecided payments and refunds from the processor's record once; prints one JSON line
 //	api processor-sim                            run the payment processor simulator on ADDR
 //	api healthcheck                              exit 0 if the API on ADDR answers /healthz (for container healthchecks)
@@ -37,7 +37,6 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/config"
 	"github.com/payments-reference/idempotent-payments/internal/database"
-	"github.com/payments-reference/idempotent-payments/internal/events"
 	"github.com/payments-reference/idempotent-payments/internal/processor/simulator"
 )
 
@@ -206,27 +205,19 @@ func reconcileOnce(ctx context.Context, cfg config.Config, log *slog.Logger, std
 	return json.NewEncoder(stdout).Encode(res)
 }
 
-// sweep deletes expired keys, and events past their 30 days, once, for
-// operators and cron, and reports what it did.
+// sweep deletes what is past its retention once, for operators and cron,
+// and reports what it did.
 func sweep(ctx context.Context, cfg config.Config, stdout io.Writer) error {
 	maint, err := database.Open(ctx, cfg.MaintenanceDatabaseURL, database.PoolConfig{MaxConns: 2, AcquireTimeout: cfg.DBAcquireTimeout, IdleInTxTimeout: cfg.DBIdleInTxTimeout})
 	if err != nil {
 		return err
 	}
 	defer maint.Close()
-	sweeper, err := app.NewSweeper(cfg, maint, nil)
+	deleted, err := app.SweepOnce(ctx, cfg, maint)
 	if err != nil {
 		return err
 	}
-	deleted, err := sweeper.Sweep(ctx)
-	if err != nil {
-		return err
-	}
-	eventsDeleted, err := events.Sweep(ctx, maint, cfg.SweepChunk, cfg.SweepPause)
-	if err != nil {
-		return err
-	}
-	return json.NewEncoder(stdout).Encode(map[string]any{"deleted": deleted, "events_deleted": eventsDeleted})
+	return json.NewEncoder(stdout).Encode(deleted)
 }
 
 // keys runs the key subcommands as the owner role: the service role cannot

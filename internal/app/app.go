@@ -143,7 +143,7 @@ func Serve(ctx context.Context, cfg config.Config, log *slog.Logger, getenv func
 			quota.Run(bg, func(err error) { log.Error("key quota flush failed", "error", err) })
 		})
 	}
-	sweeper, err := NewSweeper(cfg, maint, tel.MeterProvider)
+	sweeper, err := newSweeper(cfg, maint, tel.MeterProvider)
 	if err != nil {
 		return err
 	}
@@ -465,8 +465,27 @@ func sweepEvents(ctx context.Context, cfg config.Config, maint *database.Pool, l
 	}
 }
 
-// NewSweeper returns the expiry sweeper as configured, on the maintenance pool.
-func NewSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider) (*idempotency.Sweeper, error) {
+// SweepOnce deletes, once, what is past its retention, on the maintenance
+// pool: expired keys ("deleted") and events past theirs ("events_deleted").
+// It returns how many of each, by those names, as `api sweep` prints them.
+func SweepOnce(ctx context.Context, cfg config.Config, maint *database.Pool) (map[string]int64, error) {
+	sweeper, err := newSweeper(cfg, maint, nil)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := sweeper.Sweep(ctx)
+	if err != nil {
+		return nil, err
+	}
+	evs, err := events.Sweep(ctx, maint, cfg.SweepChunk, cfg.SweepPause)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]int64{"deleted": keys, "events_deleted": evs}, nil
+}
+
+// newSweeper returns the expiry sweeper as configured, on the maintenance pool.
+func newSweeper(cfg config.Config, maint *database.Pool, mp metric.MeterProvider) (*idempotency.Sweeper, error) {
 	return idempotency.NewSweeper(maint, idempotency.SweeperConfig{
 		Chunk: cfg.SweepChunk, Pause: cfg.SweepPause, Retention: cfg.Retention(), MeterProvider: mp,
 	})

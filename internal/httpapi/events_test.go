@@ -65,7 +65,7 @@ func TestASettleWithoutAnAnnouncerWritesNoEvent(t *testing.T) {
 // payment's id.
 func paymentToSettle(t *testing.T, b *testBundle) (principal, id uuid.UUID) {
 	t.Helper()
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/hook")
 	r := b.post(t, "/v1/payments", k.Secret, "pay", paymentBody)
 	require.Equal(t, http.StatusCreated, r.Status)
@@ -143,7 +143,7 @@ func TestEventCursorNeverSkipsConcurrentEvents(t *testing.T) {
 	}
 	t.Parallel()
 	b := setup(t, func(o *options) { o.maxConns = 8 })
-	k := b.newKey(t, "poller", webhookScopes...)
+	k := b.newKey(t, "poller", allScopes...)
 	client := b.srv.Client()
 	send := func(method, path, key, body string) (int, []byte, error) {
 		req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
@@ -234,4 +234,18 @@ polled:
 	}
 	require.Zero(t, twice, "events seen more than once")
 	require.Zero(t, skipped, "of %d events, %d were never seen by the poller", len(ids), skipped)
+}
+
+// A transaction left open in another database of the server does not hold
+// new events out of their list, as it does not hold payments out of theirs
+// (TestAStrayTransactionElsewhereDoesNotStallTheLists).
+func TestAStrayTransactionElsewhereDoesNotStallTheEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	k := b.newKey(t, "acme", allScopes...)
+	stillOpen := strayTransactionElsewhere(t, b)
+
+	b.createPayment(t, k.Secret, 1000)
+	b.listed(t, "/v1/events", k.Secret, 1)
+	require.True(t, stillOpen(), "the stray transaction was open all along")
 }

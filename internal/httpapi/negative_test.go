@@ -12,8 +12,6 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/require"
-
-	"github.com/payments-reference/idempotent-payments/internal/payments"
 )
 
 // The request side of the contract, generated from openapi.yaml rather than
@@ -29,12 +27,7 @@ func TestRequestBodiesAgainstTheSpec(t *testing.T) {
 	doc, _, err := loadSpec()
 	require.NoError(t, err)
 	b := setup(t)
-	k := b.newKey(t, "acme", webhookScopes...)
-	// A payment to refund, for the refused refunds: they never reach it.
-	anyPayment := b.createPayment(t, k.Secret, 1000)
-	// An endpoint to operate on, and an event to send it again.
-	endpoint := b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/")["id"].(string)
-	anEvent := b.listed(t, "/v1/events", k.Secret, 1)["data"].([]any)[0].(map[string]any)["id"]
+	k := b.newKey(t, "acme", allScopes...)
 
 	tried := 0
 	for _, path := range slices.Sorted(maps.Keys(doc.Paths.Map())) {
@@ -46,29 +39,15 @@ func TestRequestBodiesAgainstTheSpec(t *testing.T) {
 		require.NotNil(t, media, "POST %s: a JSON body", path)
 		schema := media.Schema.Value
 		example := exampleOf(t, media)
-		if _, ok := example["event_id"]; ok {
-			example["event_id"] = anEvent // the spec's example names no event of this test
-		}
-		// A target for each request: refunds need a payment with room for
-		// the largest amount the schema allows.
-		target := func(allowed bool) string {
-			if !strings.Contains(path, "{id}") {
-				return path
-			}
-			id := anyPayment
-			switch {
-			case strings.HasPrefix(path, "/v1/webhook_endpoints/"):
-				id = endpoint
-			case allowed:
-				id = b.createPayment(t, k.Secret, payments.MaxAmount)
-			}
-			return strings.Replace(path, "{id}", id, 1)
-		}
+		filled(t, b, k.Secret, example) // the resources it names, the test's own
 
 		t.Run("refused "+path, func(t *testing.T) {
+			// One target for the refused requests, which never reach it; a
+			// new one for each accepted request (a refund takes room).
+			refused := aimed(t, b, k.Secret, path)
 			before := storedRows(t, b)
 			for _, c := range refusedBodies(t, schema, example) {
-				r := b.post(t, target(false), k.Secret, "neg-"+randomSuffix(), c.body)
+				r := b.post(t, refused, k.Secret, "neg-"+randomSuffix(), c.body)
 				requireProblem(t, r, http.StatusBadRequest, "validation-failed")
 				require.NotEmpty(t, decode(t, r.Body)["errors"], "%s: %s", c.why, c.body)
 				tried++
@@ -77,7 +56,7 @@ func TestRequestBodiesAgainstTheSpec(t *testing.T) {
 		})
 		t.Run("accepted "+path, func(t *testing.T) {
 			for _, c := range acceptedBodies(t, schema, example) {
-				r := b.post(t, target(true), k.Secret, "pos-"+randomSuffix(), c.body)
+				r := b.post(t, aimed(t, b, k.Secret, path), k.Secret, "pos-"+randomSuffix(), c.body)
 				require.Less(t, r.Status, 300, "%s: %s -> %s", c.why, c.body, r.Body)
 				tried++
 			}

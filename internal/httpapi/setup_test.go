@@ -368,8 +368,8 @@ func (b *testBundle) newKey(t *testing.T, principal string, scopes ...string) au
 	return k
 }
 
-// allScopes is what most test keys hold.
-var allScopes = []string{auth.ScopePaymentsRead, auth.ScopePaymentsWrite, auth.ScopeRefundsRead, auth.ScopeRefundsWrite}
+// allScopes is every scope: what most test keys hold.
+var allScopes = auth.KnownScopes
 
 // response is what a client saw.
 type response struct {
@@ -542,9 +542,6 @@ func concurrently(n int, fn func(i int)) {
 	close(start)
 	wg.Wait()
 }
-
-// webhookScopes is what a key that manages webhooks and reads events holds.
-var webhookScopes = append([]string{auth.ScopeEventsRead, auth.ScopeWebhooksWrite}, allScopes...)
 
 // createPayment makes a payment of amount, waits until the outbox worker has
 // charged it, and returns its id.

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/events"
 )
 
@@ -159,7 +158,7 @@ func TestEveryStatementRoutesToOnePartition(t *testing.T) {
 		WHERE a.attname = 'principal_id' AND n.nspname = 'public' AND c.relkind IN ('r', 'p')
 		  AND NOT c.relispartition AND c.relname <> 'api_keys'`).Scan(&withPrincipal))
 	require.ElementsMatch(t, tenantTables, withPrincipal, "tables with a principal_id that are not partitioned (testdata/partition_by_principal.sql, migrations/citus.sql)")
-	k := b.newKey(t, "shard-a", append(allScopes, auth.ScopeEventsRead, auth.ScopeWebhooksWrite)...)
+	k := b.newKey(t, "shard-a", allScopes...)
 	b.newKey(t, "shard-b", allScopes...) // a second principal for the sweepers to walk
 
 	ok := func(r response, status int) map[string]any {

@@ -33,7 +33,7 @@ func eventTypes(t *testing.T, got []delivery) []string {
 func TestWebhookEnabledEventsFilter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	rc := b.receiver(t)
 	for _, bad := range []string{`[]`, `["*", "payment.failed"]`, `["payment.refunded"]`, `["payment.failed", "payment.failed"]`, `"*"`} {
 		r := b.post(t, "/v1/webhook_endpoints", k.Secret, "bad-filter", `{"url": "`+rc.srv.URL+`", "enabled_events": `+bad+`}`)
@@ -175,7 +175,7 @@ func TestWebhookRecoverSendsAWindowAgain(t *testing.T) {
 func TestWebhookFailingEndpointIsDisabledAndItsOwnerTold(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *options) { o.disableAfter = 200 * time.Millisecond })
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	rc := b.receiver(t)
 	failingEP := b.registerEndpoint(t, k.Secret, rc.srv.URL+"/failing")
 	failing := failingEP["id"].(string)
@@ -285,7 +285,7 @@ func TestWebhookEndpointConcurrencyIsBounded(t *testing.T) {
 func TestWebhookEndpointLimitHoldsUnderConcurrentCreations(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(o *options) { o.maxConns = 8 })
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	const tries = 3 * webhooks.MaxEndpoints
 	statuses := make(chan int, tries)
 	var wg sync.WaitGroup

@@ -23,6 +23,19 @@ import (
 	"github.com/payments-reference/idempotent-payments/internal/webhooks"
 )
 
+// The resources the webhook operations' requests name, for the tests that
+// send every operation's requests (newTarget, fillIn in examples_test.go):
+// an endpoint of the caller's, and an event of theirs to send again.
+func init() {
+	newTarget["/v1/webhook_endpoints/"] = func(t *testing.T, b *testBundle, secret string) string {
+		return b.registerEndpoint(t, secret, "http://127.0.0.1:9/")["id"].(string)
+	}
+	fillIn["event_id"] = func(t *testing.T, b *testBundle, secret string) any {
+		b.createPayment(t, secret, 1000)
+		return b.listed(t, "/v1/events", secret, 1)["data"].([]any)[0].(map[string]any)["id"]
+	}
+}
+
 // delivery is one request a test receiver got.
 type delivery struct {
 	header http.Header
@@ -104,7 +117,7 @@ func (b *testBundle) registerEndpoint(t *testing.T, secret, url string) map[stri
 func TestWebhookDeliversAPaymentsOutcome(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	rc := b.receiver(t)
 	ep := b.registerEndpoint(t, k.Secret, rc.srv.URL)
 	require.True(t, strings.HasPrefix(ep["secret"].(string), "whsec_"))
@@ -167,7 +180,7 @@ func TestWebhookDeliversAPaymentsOutcome(t *testing.T) {
 func webhookSetup(t *testing.T, tweak ...func(*options)) (*testBundle, auth.NewKey, *testReceiver, string) {
 	t.Helper()
 	b := setup(t, tweak...)
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	rc := b.receiver(t)
 	ep := b.registerEndpoint(t, k.Secret, rc.srv.URL)
 	rc.trust(ep["secret"].(string))
@@ -303,7 +316,7 @@ func TestWebhookGoneDisablesTheEndpoint(t *testing.T) {
 func TestWebhookSecretRotation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	rc := b.receiver(t)
 	created := b.post(t, "/v1/webhook_endpoints", k.Secret, "create-endpoint", `{"url": "`+rc.srv.URL+`", "description": "orders"}`)
 	require.Equal(t, http.StatusCreated, created.Status)
@@ -359,7 +372,7 @@ func TestWebhookSecretRotation(t *testing.T) {
 func TestWebhookEndpointLifecycle(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	var ids []string
 	for i := range webhooks.MaxEndpoints {
 		ids = append(ids, b.registerEndpoint(t, k.Secret, "http://127.0.0.1:9/hook-"+itoa(i))["id"].(string))
@@ -387,7 +400,7 @@ func TestWebhookEndpointLifecycle(t *testing.T) {
 	require.Equal(t, http.StatusCreated, b.post(t, "/v1/webhook_endpoints", k.Secret, "after-delete", `{"url": "http://127.0.0.1:9/more"}`).Status)
 
 	// Another principal sees none of them; a key without the scope gets 403.
-	other := b.newKey(t, "globex", webhookScopes...)
+	other := b.newKey(t, "globex", allScopes...)
 	require.Empty(t, decode(t, b.get(t, "/v1/webhook_endpoints", other.Secret).Body)["data"])
 	requireProblem(t, b.get(t, "/v1/webhook_endpoints/"+ids[1], other.Secret), http.StatusNotFound, "not-found")
 	reader := b.newKey(t, "acme", allScopes...)
@@ -413,7 +426,7 @@ func TestWebhookURLsThatReachInsideAreRefused(t *testing.T) {
 		return net.DefaultResolver.LookupNetIP(ctx, "ip", host) // localhost: the system's answer
 	}}
 	b := setup(t, func(o *options) { o.urls = policy })
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	for _, url := range []string{
 		"http://public.example/hook",               // not https
 		"https://127.0.0.1/hook",                   // loopback
@@ -474,8 +487,50 @@ func TestWebhookURLIsResolvedOnlyForAnAuthenticatedCaller(t *testing.T) {
 	requireProblem(t, r, http.StatusForbidden, "forbidden")
 	require.Zero(t, lookups.Load(), "the host was looked up for a caller who may not register endpoints")
 
-	k := b.newKey(t, "acme", webhookScopes...)
+	k := b.newKey(t, "acme", allScopes...)
 	r = b.post(t, "/v1/webhook_endpoints", k.Secret, "ok", body)
 	require.Equal(t, http.StatusCreated, r.Status, "%s", r.Body)
 	require.EqualValues(t, 1, lookups.Load())
+}
+
+// The noisy neighbour: tenant A's receiver never answers, and A's
+// deliveries hold every webhook worker; tenant B's payment is still
+// charged, while every one of A's attempts is still held. Deliveries and
+// processor calls have queues and workers of their own (outbox.Queue*).
+// With one queue for both, B's charge waited for a worker that only a
+// delivery attempt's end could free: in the run the issue reports, 29.1 s.
+func TestSlowReceiversOfOneTenantDoNotDelayAnothersCharges(t *testing.T) {
+	t.Parallel()
+	// Attempts bounded far beyond the test: nothing ends A's deliveries but
+	// the test itself.
+	b := setup(t, func(o *options) { o.webhookTimeout, o.jobTimeout = 5*time.Minute, 5*time.Minute })
+	a := b.newKey(t, "tenant-a", allScopes...)
+	bKey := b.newKey(t, "tenant-b", allScopes...)
+
+	var held, ended atomic.Int32
+	rc := b.receiver(t)
+	release := make(chan struct{})
+	// Registered after the receiver, so it runs before the receiver's
+	// server waits for its handlers to return.
+	t.Cleanup(sync.OnceFunc(func() { close(release) }))
+	rc.before = func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		held.Add(1)
+		defer ended.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return true
+	}
+	b.registerEndpoint(t, a.Secret, rc.srv.URL)
+	for range 2 * webhookWorkers {
+		b.createPayment(t, a.Secret, 1000)
+	}
+	require.Eventually(t, func() bool { return held.Load() == webhookWorkers }, settleWithin, 10*time.Millisecond,
+		"A's deliveries never held every webhook worker")
+
+	b.createPayment(t, bKey.Secret, 1000) // returns once it is charged
+	require.Zero(t, ended.Load(), "B's charge waited until one of A's delivery attempts ended")
+	require.EqualValues(t, webhookWorkers, held.Load(), "A's other deliveries wait for a webhook worker")
 }
