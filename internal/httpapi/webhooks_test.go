@@ -403,7 +403,7 @@ func TestWebhookEndpointLifecycle(t *testing.T) {
 	other := b.newKey(t, "globex", allScopes...)
 	require.Empty(t, decode(t, b.get(t, "/v1/webhook_endpoints", other.Secret).Body)["data"])
 	requireProblem(t, b.get(t, "/v1/webhook_endpoints/"+ids[1], other.Secret), http.StatusNotFound, "not-found")
-	reader := b.newKey(t, "acme", allScopes...)
+	reader := b.newKey(t, "acme", auth.ScopePaymentsRead, auth.ScopePaymentsWrite, auth.ScopeRefundsRead, auth.ScopeRefundsWrite)
 	requireProblem(t, b.get(t, "/v1/webhook_endpoints", reader.Secret), http.StatusForbidden, "forbidden")
 	requireProblem(t, b.get(t, "/v1/events", reader.Secret), http.StatusForbidden, "forbidden")
 }
