@@ -17,8 +17,9 @@ import (
 )
 
 // This file is what every resource's handlers share: reading a path id and
-// a page, a read-only tenant transaction, writing its answer, and the parts
-// of an idempotent write that are not the protocol (idempotent.go).
+// a page, a read-only tenant transaction, writing its answer, the GET of one
+// resource or of a page of them (showOne, showPage), and the parts of an
+// idempotent write that are not the protocol (idempotent.go).
 
 // origin names the request that executes, for the events of what it creates.
 func origin(w idempotency.Work) payments.Origin {
@@ -65,10 +66,58 @@ func pathID(r *http.Request) (uuid.UUID, error) {
 	return id, nil
 }
 
+// getter reads one resource of principal's by its id; every resource's Get
+// has this shape.
+type getter[T any] func(ctx context.Context, db database.DBTX, principal, id uuid.UUID) (T, error)
+
+// lister reads a page of principal's resources after the one whose id is
+// after, and whether more follow; every top-level List has this shape.
+type lister[T any] func(ctx context.Context, db database.DBTX, principal uuid.UUID, after *uuid.UUID, limit int) ([]T, bool, error)
+
+// listBody is the body of a list: a page, and whether more follow.
+type listBody[T any] struct {
+	Data    []T  `json:"data"`
+	HasMore bool `json:"has_more"`
+}
+
+// showOne answers GET of the resource the path's {id} names, read with get
+// in a read-only tenant transaction: another tenant's id is a 404, as a
+// missing one is.
+func showOne[T any](a *api, w http.ResponseWriter, r *http.Request, get getter[T]) {
+	id, err := pathID(r)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var v T
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		v, err = get(ctx, tx, principal, id)
+		return err
+	})
+	a.respond(w, r, v, err)
+}
+
+// showPage answers GET of a collection: the page that ?limit= (at most
+// most) and ?starting_after= ask for, read with list in a read-only tenant
+// transaction.
+func showPage[T any](a *api, w http.ResponseWriter, r *http.Request, most int, list lister[T]) {
+	pg, err := parsePage(r, most)
+	if err != nil {
+		writeError(w, r, a.log, err)
+		return
+	}
+	var body listBody[T]
+	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
+		body.Data, body.HasMore, err = list(ctx, tx, principal, pg.after, pg.limit)
+		return err
+	})
+	a.respond(w, r, body, err)
+}
+
 // rederive renders again the body of a stored response from the resource
 // it showed, read with get, for replays whose body was too large to store.
 // The replay keeps the stored status (201 for a creation, 200 for a change).
-func rederive[T any](get func(context.Context, database.DBTX, uuid.UUID, uuid.UUID) (T, error)) func(context.Context, pgx.Tx, uuid.UUID, string) ([]byte, error) {
+func rederive[T any](get getter[T]) func(context.Context, pgx.Tx, uuid.UUID, string) ([]byte, error) {
 	return func(ctx context.Context, tx pgx.Tx, principal uuid.UUID, ref string) ([]byte, error) {
 		id, err := uuid.Parse(ref)
 		if err != nil {

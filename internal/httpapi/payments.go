@@ -5,8 +5,6 @@ import (
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/payments-reference/idempotent-payments/internal/auth"
 	"github.com/payments-reference/idempotent-payments/internal/idempotency"
@@ -46,35 +44,9 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r)
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	var p payments.Payment
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
-		p, err = payments.Get(ctx, tx, principal, id)
-		return err
-	})
-	a.respond(w, r, p, err)
-}
-
-// paymentList is the body of GET /v1/payments.
-type paymentList struct {
-	Data    []payments.Payment `json:"data"`
-	HasMore bool               `json:"has_more"`
+	showOne(a, w, r, payments.Get)
 }
 
 func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
-	pg, err := parsePage(r, payments.ListLimit)
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	var list paymentList
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
-		list.Data, list.HasMore, err = payments.List(ctx, tx, principal, pg.after, pg.limit)
-		return err
-	})
-	a.respond(w, r, list, err)
+	showPage(a, w, r, payments.ListLimit, payments.List)
 }

@@ -24,12 +24,6 @@ func (a *api) refundRoutes() chi.Router {
 	return r
 }
 
-// refundList is the body of GET /v1/payments/{id}/refunds.
-type refundList struct {
-	Data    []refunds.Refund `json:"data"`
-	HasMore bool             `json:"has_more"`
-}
-
 func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 	paymentID, err := pathID(r)
 	if err != nil {
@@ -86,7 +80,7 @@ func (a *api) listRefunds(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, a.log, err)
 		return
 	}
-	var list refundList
+	var list listBody[refunds.Refund]
 	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) error {
 		if _, err := payments.Get(ctx, tx, principal, paymentID); err != nil {
 			return err
@@ -98,15 +92,5 @@ func (a *api) listRefunds(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
-	id, err := pathID(r)
-	if err != nil {
-		writeError(w, r, a.log, err)
-		return
-	}
-	var refund refunds.Refund
-	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
-		refund, err = refunds.Get(ctx, tx, principal, id)
-		return err
-	})
-	a.respond(w, r, refund, err)
+	showOne(a, w, r, refunds.Get)
 }

@@ -42,12 +42,6 @@ type endpointList struct {
 	HasMore bool                `json:"has_more"`
 }
 
-// deliveryList is the body of GET /v1/webhook_endpoints/{id}/deliveries.
-type deliveryList struct {
-	Data    []webhooks.Delivery `json:"data"`
-	HasMore bool                `json:"has_more"`
-}
-
 // noBody is the body of a request that takes none (a rotation, a
 // deletion): empty, or {}.
 type noBody struct{}
@@ -205,7 +199,7 @@ func (a *api) listDeliveries(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, a.log, err)
 		return
 	}
-	var list deliveryList
+	var list listBody[webhooks.Delivery]
 	err = a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
 		list.Data, list.HasMore, err = webhooks.ListDeliveries(ctx, tx, principal, id, pg.after, pg.limit)
 		return err
