@@ -35,13 +35,6 @@ func (a *api) webhookRoutes() chi.Router {
 	return r
 }
 
-// endpointList is the body of GET /v1/webhook_endpoints: every endpoint
-// (there are at most webhooks.MaxEndpoints), so has_more is always false.
-type endpointList struct {
-	Data    []webhooks.Endpoint `json:"data"`
-	HasMore bool                `json:"has_more"`
-}
-
 // noBody is the body of a request that takes none (a rotation, a
 // deletion): empty, or {}.
 type noBody struct{}
@@ -163,7 +156,9 @@ func (a *api) deleteEndpoint(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) listEndpoints(w http.ResponseWriter, r *http.Request) {
-	var list endpointList
+	// Every endpoint (there are at most webhooks.MaxEndpoints), so has_more
+	// is always false.
+	var list listBody[webhooks.Endpoint]
 	err := a.read(r, func(ctx context.Context, tx pgx.Tx, principal uuid.UUID) (err error) {
 		list.Data, err = webhooks.List(ctx, tx, principal)
 		return err
